@@ -1,0 +1,1681 @@
+"""frozen_norm: Triton normalization kernels whose backward skips frozen parameters.
+
+What and why
+------------
+In LoRA/PEFT fine-tuning the base model's normalization weights are frozen
+(``requires_grad=False``). Most norm kernels compute their gradients anyway: a
+column reduction over every row, an fp32 scratch buffer of (programs x hidden)
+partial sums and a final sum, all thrown away. This module holds Triton forward
+and backward kernels for RMSNorm, FusedAddRMSNorm, LayerNorm, GroupNorm and
+PolyNorm whose backward does only the work autograd asks for. Nothing changes
+for the user: frozen parameters just get cheaper.
+
+What you will learn by reading it
+---------------------------------
+* How ``ctx.needs_input_grad`` becomes ``tl.constexpr`` flags (COMPUTE_DX,
+  COMPUTE_DW, COMPUTE_DB) so Triton compiles a kernel variant in which the
+  dead code (loads, FLOPs, registers, stores) does not exist at all.
+* How to derive each norm's backward, and which of its terms a frozen weight
+  removes.
+* A deterministic weight-gradient reduction without atomics: per-program fp32
+  partial sums in registers, then one small fixed-order sum.
+* Rows too long for registers: a chunk loop whose second pass runs backwards so
+  it re-reads from L2 what the first pass just brought in.
+* How to compile a kernel for an NVIDIA GPU on a machine without one and look
+  at what the compiler removed (section 10).
+
+Contents (the section banners below)
+------------------------------------
+ 1. Notation
+ 2. Tuning constants, launch helpers and input checks
+ 3. Shared Triton helpers: tile addressing, statistics merge, partial sums
+ 4. RMSNorm            (introduces the row kernels shared by 5 and 6)
+ 5. FusedAddRMSNorm    (delta: the residual add, a second output)
+ 6. LayerNorm          (delta: centring and a bias)
+ 7. GroupNorm          (own kernels: statistics per group of channels)
+ 8. PolyNorm           (own kernels: three statistics per row)
+ 9. Swapping modules in place: replace_norms
+10. Seeing the dead code go: compiling for a GPU without one
+
+Tested with torch 2.11 / Triton 3.6 (NVIDIA H200, compiled) and torch 2.14 /
+Triton 3.8 (CPU, through Triton's interpreter). NOTES.md has the figures.
+
+Vendoring
+---------
+Copy this one file into your code base. It imports only torch, triton and the
+standard library, and importing it has no side effects: no kernel is compiled
+and no environment variable is read or set until you call something.
+To run it on a CPU (slowly, for tests), set ``TRITON_INTERPRET=1`` before the
+first ``import triton``.
+"""
+
+import functools
+import math
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = [
+    "rms_norm", "fused_add_rms_norm", "layer_norm", "group_norm", "poly_norm",
+    "RMSNorm", "FusedAddRMSNorm", "LayerNorm", "GroupNorm", "PolyNorm",
+    "replace_norms",
+    "rms_norm_forward", "rms_norm_backward",
+    "fused_add_rms_norm_forward", "fused_add_rms_norm_backward",
+    "layer_norm_forward", "layer_norm_backward",
+    "group_norm_forward", "group_norm_backward",
+    "poly_norm_forward", "poly_norm_backward",
+    "compile_for_gpu",
+]
+
+# =============================================================================
+# 1. Notation
+# =============================================================================
+#
+#   x      input, viewed as M rows of N elements (the normalized dims last)
+#   M, N   rows and row length; for GroupNorm a "row" is one (sample, group)
+#   w, b   weight and bias (gamma and beta), N elements (GroupNorm: C)
+#   o      the weight offset: the scale is (o + w); o = 1 gives Gemma's (1 + w)
+#   mean   row mean (LayerNorm, GroupNorm only)
+#   rstd   1 / sqrt(var + eps), one fp32 number per row
+#   xhat   normalized input: (x - mean) * rstd, or x * rstd for RMSNorm
+#   y      output: xhat * (o + w) + b
+#   dy     gradient of the loss with respect to y
+#   g      dy * (o + w): the gradient arriving at xhat ("wdy")
+#   c1, c2 the row means mean(xhat * g) and mean(g) that every dx needs
+#   dx, dw, db   gradients of x, w, b
+#   r, s   FusedAddRMSNorm: residual r and the sum s = x + r it returns
+#   B, C, G, HW  GroupNorm: batch, channels, groups, spatial elements; Cg = C/G
+#   P      number of programs (kernel instances) of a launch
+#
+# Kernel arguments are capitalised when they are pointers (X, DY, W, Rstd...),
+# lower case when they are numbers (M, N, eps, stride_x...).
+
+
+# =============================================================================
+# 2. Tuning constants, launch helpers and input checks
+# =============================================================================
+#
+# Every tuning number lives here with the reason for its value. NOTES.md has the
+# measurements behind them.
+
+# Longest row (elements) a program holds in registers at once. Rows up to this
+# length are read from memory exactly once; longer rows loop over chunks of this
+# size and read each chunk a second time, from L2 when it is still there.
+ROW_BLOCK_MAX = 16384
+# The same limit for a backward that also accumulates dw/db in registers: ptxas
+# reports spills from 16384 (LayerNorm, 16 warps), none at 8192.
+TRAIN_ROW_BLOCK_MAX = 8192
+# Rows shorter than this many elements are batched into one tile, so that every
+# program moves enough bytes to amortise its launch and reductions.
+TILE_ELEMENTS = 4096
+# Elements of each tensor a thread holds: 16 bf16 values are two 16-byte loads
+# in flight per thread, enough to hide memory latency without spilling.
+ELEMENTS_PER_THREAD = 16
+# Warps per program: at least 4 to keep a tile's loads wide, at most 16 so that
+# a thread can use up to 128 registers (the SM has 64K for 512 threads).
+MIN_WARPS, MAX_WARPS = 4, 16
+# Persistent programs per SM in backward kernels that accumulate dw/db: two lets
+# one program load while the other reduces; more would grow the (P x N) scratch.
+PROGRAMS_PER_SM = 2
+# Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
+# so that tests exercise programs that loop over several tiles.
+INTERPRETER_SMS = 3
+# Tile of the final partial-sum reduction: PARTIAL_ROWS partial rows are summed
+# per step, over PARTIAL_COLS columns per program.
+PARTIAL_ROWS, PARTIAL_COLS = 32, 128
+# GroupNorm: elements of a (channels x spatial) tile, and how many programs to
+# aim for when a batch has fewer (sample, group) rows than that: a group is then
+# split over several programs by channels.
+GROUP_TILE_ELEMENTS = 8192
+GROUP_PROGRAMS_PER_SM = 2
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms_of(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (cached: the query is slow)."""
+    if device.type == "cuda":
+        return _num_sms_of(device.index if device.index is not None else torch.cuda.current_device())
+    return INTERPRETER_SMS
+
+
+def _warps_for(elements: int) -> int:
+    return max(MIN_WARPS, min(MAX_WARPS, elements // (32 * ELEMENTS_PER_THREAD)))
+
+
+class _RowTiling(NamedTuple):
+    """How the row kernels cut an (M, N) tensor into [ROWS, BLOCK_N] tiles."""
+    rows: int        # rows per tile (a power of two)
+    block_n: int     # columns per tile (a power of two)
+    one_pass: bool   # True when a whole row fits in one tile
+    num_warps: int
+    num_tiles: int
+
+
+def _row_tiling(M: int, N: int, block_max: Optional[int] = None) -> _RowTiling:
+    block_n = min(triton.next_power_of_2(N), block_max or ROW_BLOCK_MAX)
+    one_pass = N <= block_n
+    rows = 1
+    if one_pass:
+        rows = min(max(1, TILE_ELEMENTS // block_n), triton.next_power_of_2(max(M, 1)))
+    return _RowTiling(rows, block_n, one_pass, _warps_for(rows * block_n), _cdiv(M, rows))
+
+
+def _interpreting() -> bool:
+    """True when this module's kernels run in Triton's CPU interpreter."""
+    return not isinstance(_sum_partials_kernel, triton.runtime.JITFunction)
+
+
+def _check_tensor(t, name: str, *, device: Optional[torch.device] = None) -> None:
+    """Type, dtype and device checks shared by every public entry point."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_DTYPES:
+        extra = " (float64 is not supported: statistics are computed in float32)" if t.dtype == torch.float64 else ""
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}{extra}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected the input's device {device}")
+    if device is None and t.device.type != "cuda" and not _interpreting():
+        raise ValueError(
+            f"{name} is on {t.device}, but the Triton kernels need a CUDA device. To run on the CPU "
+            "(slowly, for testing), set TRITON_INTERPRET=1 before the first `import triton`.")
+
+
+def _check_param(p, name: str, shape: tuple, x: torch.Tensor) -> None:
+    """A weight or bias: None, or a floating tensor of `shape` on x's device."""
+    if p is None:
+        return
+    _check_tensor(p, name, device=x.device)
+    if tuple(p.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(p.shape)}")
+
+
+def _check_normalized_shape(x: torch.Tensor, normalized_shape) -> tuple:
+    """Validates `normalized_shape` against x's trailing dims; returns it as a tuple."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) == 0 or x.dim() < len(shape) or tuple(x.shape[-len(shape):]) != shape:
+        raise ValueError(
+            f"normalized_shape {shape} must be non-empty and match the trailing dims of x, "
+            f"whose shape is {tuple(x.shape)}")
+    if math.prod(shape) == 0:
+        raise ValueError(f"normalized_shape {shape} has no elements")
+    return shape
+
+
+def _as_rows(t: torch.Tensor, N: int) -> torch.Tensor:
+    """View t as (M, N) rows with unit column stride; copies only when it must.
+
+    The kernels take a row stride, so sliced rows need no copy. A tensor whose
+    last dim is not contiguous (transposed, expanded) is copied once.
+    """
+    t = t.reshape(-1, N)
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def _vector(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A parameter as a contiguous 1-D tensor (a view when it already is one)."""
+    return None if p is None else p.reshape(-1).contiguous()
+
+
+# =============================================================================
+# 3. Shared Triton helpers: tile addressing, statistics merge, partial sums
+# =============================================================================
+
+@triton.jit
+def _tile(rows, cols, M, N, stride):
+    """Offsets and mask of a [ROWS, BLOCK] tile of a row-major (M, N) tensor.
+
+    Row offsets are int64: M * N may exceed 2**31 elements.
+    """
+    offsets = rows[:, None].to(tl.int64) * stride + cols[None, :]
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    return offsets, mask
+
+
+@triton.jit
+def _chunk_moments(x, mask, n, CENTER: tl.constexpr):
+    """Mean and sum of squared deviations (m2) of each row of a masked tile.
+
+    With CENTER=False the mean is taken to be 0 and m2 is the sum of squares:
+    the RMSNorm statistic.
+    """
+    if CENTER:
+        mean = tl.sum(x, axis=1) / n
+        d = tl.where(mask, x - mean[:, None], 0.0)
+        m2 = tl.sum(d * d, axis=1)
+    else:
+        mean = tl.sum(x, axis=1) * 0.0
+        m2 = tl.sum(x * x, axis=1)
+    return mean, m2
+
+
+@triton.jit
+def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """Chan et al.'s merge of the moments of two disjoint parts of a row.
+
+    Robust where sum(x^2) - sum(x)^2 / n cancels catastrophically (a large mean
+    over a small spread). With both means 0 it reduces to m2_a + m2_b.
+    """
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    return mean, m2
+
+
+@triton.jit
+def _sum_partials(Partial, Out, P, N, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        offsets, mask = _tile(p0 + tl.arange(0, BLOCK_P), cols, P, N, stride_p)
+        acc += tl.load(Partial + offsets, mask=mask, other=0.0)
+    tl.store(Out + cols, tl.sum(acc, axis=0).to(Out.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    PartialA, OutA, PartialB, OutB,   # (P, N_a) fp32 -> (N_a,) ; (P, N_b) fp32 -> (N_b,)
+    P, N_a, N_b, stride_a, stride_b,
+    HAS_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Out[n] = sum over p of Partial[p, n], for one or two (Partial, Out) pairs.
+
+    The deterministic second half of every weight gradient: the backward kernels
+    leave one fp32 row of partial sums per program, and this kernel sums them in
+    a fixed order. Out is written in its own dtype (the parameter's).
+
+    Grid: (cdiv(max(N_a, N_b), BLOCK_N), 2 if HAS_B else 1); axis 1 picks the pair.
+    HAS_B: False removes the second pair (one trained parameter).
+    """
+    if tl.program_id(1) == 0:
+        _sum_partials(PartialA, OutA, P, N_a, stride_a, BLOCK_P, BLOCK_N)
+    elif HAS_B:
+        _sum_partials(PartialB, OutB, P, N_b, stride_b, BLOCK_P, BLOCK_N)
+
+
+def _reduce_partials(partial_a, out_a, partial_b=None, out_b=None) -> None:
+    """Launches `_sum_partials_kernel` for one or two (P, N) partial buffers."""
+    P = partial_a.shape[0]
+    n_b = 0 if partial_b is None else partial_b.shape[1]
+    grid = (_cdiv(max(partial_a.shape[1], n_b), PARTIAL_COLS), 1 if partial_b is None else 2)
+    _sum_partials_kernel[grid](
+        partial_a, out_a, partial_b, out_b, P, partial_a.shape[1], n_b,
+        partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0),
+        HAS_B=partial_b is not None, BLOCK_P=PARTIAL_ROWS, BLOCK_N=PARTIAL_COLS, num_warps=4)
+
+
+# =============================================================================
+# 4. RMSNorm
+# =============================================================================
+#
+# The math. For one row x of N elements:
+#
+#     rstd = 1 / sqrt(mean(x^2) + eps),   xhat = x * rstd,   y = xhat * (o + w)
+#
+# The backward. Write g = dy * (o + w), the gradient arriving at xhat. Since
+# xhat_i = x_i * rstd and d(rstd)/d(x_j) = -rstd^3 * x_j / N,
+#
+#     dx_i = rstd * g_i - x_i * rstd^3 * sum_j(g_j * x_j) / N
+#          = rstd * (g_i - xhat_i * c1),          c1 = mean(xhat * g)      (1)
+#
+#     dw   = sum over rows of dy * xhat                                    (2)
+#
+# (1) is a row reduction (c1) followed by an elementwise update: each program
+# does it for its own rows. (2) is a column reduction over all M rows: each
+# program keeps an fp32 accumulator of N elements for the rows it walks, writes
+# it to a (P x N) scratch buffer, and `_sum_partials_kernel` adds the P rows.
+#
+# What a frozen w removes: all of (2), i.e. the accumulator's registers, the
+# multiply-add per element, the (P x N) fp32 scratch and its writes, the second
+# launch, and the persistent grid (each program can take one tile and leave).
+# g still needs the *value* of w. What an x without grad removes: (1), i.e. the
+# c1 reduction and the dx stores.
+#
+# The same two kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS) and
+# LayerNorm (CENTER, HAS_B); sections 5 and 6 explain those deltas.
+
+
+def rms_norm_reference(x, normalized_shape, weight=None, eps=None, offset=0.0):
+    """Plain-torch RMSNorm, computed in the dtype of x (use float64 to check)."""
+    dims = tuple(range(-len(tuple(normalized_shape)), 0))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    return y if weight is None else y * (offset + weight)
+
+
+@triton.jit
+def _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """y = (x - mean) * rstd * (o + w) + b for a [ROWS, BLOCK_N] tile, in fp32."""
+    y = (x - mean[:, None]) * rstd[:, None]
+    if HAS_W:
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+        y = y * w[None, :]
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
+@triton.jit
+def _row_norm_fwd_kernel(
+    X, R, S, Y, W, B, Mean, Rstd,        # X, R, S, Y: (M, N); W, B: (N,); Mean, Rstd: (M,) fp32
+    M, N, stride_x, stride_r, stride_s, stride_y,
+    eps, offset,
+    CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
+
+    RMSNorm is CENTER=False (mean taken as 0, no bias); FusedAddRMSNorm first
+    forms x = X + R and stores it to S; LayerNorm is CENTER=True with a bias.
+
+    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of rows per program.
+    Pointers: X, R, S, Y are (M, N) with unit column stride and the given row
+    strides; W, B are (N,); Mean, Rstd are (M,) fp32 (Mean only with CENTER).
+    Dtypes: X, R, S, Y share one dtype; W and B may each have another. All math
+    is fp32; Y and S are rounded to their dtype on store.
+
+    Flags (each False removes code):
+      CENTER        the mean and its subtraction; Mean is not written (RMSNorm).
+      HAS_RESIDUAL  the load of R, the add and the store of S.
+      HAS_W, HAS_B  the load and multiply by (o + w), the load and add of b.
+      ONE_PASS      True when BLOCK_N >= N: the row is read once. False: pass 1
+                    walks the row in chunks for the statistics, pass 2 walks it
+                    backwards (so it starts with chunks still in L2) and writes y.
+    """
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        x_offs, mask = _tile(rows, cols, M, N, stride_x)
+        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r_offs, _ = _tile(rows, cols, M, N, stride_r)
+            s_offs, _ = _tile(rows, cols, M, N, stride_s)
+            s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
+            tl.store(S + s_offs, s, mask=mask)
+            x = s.to(tl.float32)   # normalize the rounded sum, as the next block will see it
+        mean, m2 = _chunk_moments(x, mask, N, CENTER)
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        y_offs, _ = _tile(rows, cols, M, N, stride_y)
+        y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
+        tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        # Pass 1: the statistics, merged chunk by chunk.
+        mean = tl.zeros([ROWS], dtype=tl.float32)
+        m2 = tl.zeros([ROWS], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            x_offs, mask = _tile(rows, cols, M, N, stride_x)
+            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_RESIDUAL:
+                r_offs, _ = _tile(rows, cols, M, N, stride_r)
+                s_offs, _ = _tile(rows, cols, M, N, stride_s)
+                s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
+                tl.store(S + s_offs, s, mask=mask)
+                x = s.to(tl.float32)
+            n_b = tl.cast(tl.minimum(N - start, BLOCK_N), tl.float32)
+            mean_b, m2_b = _chunk_moments(x, mask, n_b, CENTER)
+            mean, m2 = _merge_moments(mean, m2, tl.cast(start, tl.float32), mean_b, m2_b, n_b)
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        # Pass 2, last chunk first: it is the one most likely still in L2.
+        last = (N - 1) // BLOCK_N * BLOCK_N
+        for k in range(0, N, BLOCK_N):
+            cols = (last - k) + tl.arange(0, BLOCK_N)
+            if HAS_RESIDUAL:
+                x_offs, mask = _tile(rows, cols, M, N, stride_s)
+                x = tl.load(S + x_offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                x_offs, mask = _tile(rows, cols, M, N, stride_x)
+                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            y_offs, _ = _tile(rows, cols, M, N, stride_y)
+            y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
+            tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Rstd + rows, rstd, mask=rows < M)
+    if CENTER:
+        tl.store(Mean + rows, mean, mask=rows < M)
+
+
+@triton.jit
+def _row_norm_bwd_kernel(
+    DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); DWp, DBp: (P, N) fp32
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, offset, tiles_per_program,
+    CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
+
+    g = dy * (o + w), c1 = mean(xhat * g), c2 = mean(g) (CENTER only).
+    dw = sum over rows of dy * xhat, db = sum over rows of dy: each program adds
+    its rows into fp32 registers and writes one row of DWp / DBp.
+
+    Grid: (P,). Program p handles tiles p, p + P, p + 2P, ... (tiles_per_program
+    of them): P = number of tiles when no dw/db is needed, else a persistent grid
+    of about PROGRAMS_PER_SM programs per SM.
+    Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
+    FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
+    Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous.
+    Dtypes: DX is written in its own dtype; DY, X, DS, W may each differ. fp32 math.
+
+    Flags (each False removes code):
+      COMPUTE_DX  the c1/c2 row reductions, the dx arithmetic and the DX stores
+                  (with ONE_PASS=False also the whole first pass over the row).
+      COMPUTE_DW  the dy * xhat accumulator (BLOCK_N fp32 registers), its
+                  multiply-adds and the DWp stores.
+      COMPUTE_DB  the dy accumulator and the DBp stores.
+      CENTER      the mean, c2 and their subtractions (RMSNorm has neither).
+      HAS_W       the load of w: g = dy when there is no weight.
+      HAS_DS      the load and add of ds (FusedAddRMSNorm's second output).
+      ONE_PASS    True: each row is loaded once. False: pass 1 over the chunks
+                  finds c1/c2, pass 2 walks them backwards for dx and adds the
+                  chunk's dw/db into the program's DWp/DBp row in memory.
+    """
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    if ONE_PASS:
+        cols = tl.arange(0, BLOCK_N)
+        if HAS_W:
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+        if COMPUTE_DW:
+            dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if COMPUTE_DB:
+            db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for i in range(0, tiles_per_program):
+            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+            rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
+            mean = rstd * 0.0
+            if CENTER:
+                mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
+            x_offs, mask = _tile(rows, cols, M, N, stride_x)
+            dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            if COMPUTE_DW:
+                dw_acc += tl.sum(dy * xhat, axis=0)
+            if COMPUTE_DB:
+                db_acc += tl.sum(dy, axis=0)
+            if COMPUTE_DX:
+                g = dy
+                if HAS_W:
+                    g = dy * w[None, :]
+                c1 = tl.sum(xhat * g, axis=1) / N
+                dx = g - xhat * c1[:, None]
+                if CENTER:
+                    dx = dx - (tl.sum(g, axis=1) / N)[:, None]
+                dx = dx * rstd[:, None]
+                if HAS_DS:
+                    ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
+                    dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
+                dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+                tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc, mask=cols < N)
+        if COMPUTE_DB:
+            tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc, mask=cols < N)
+    else:
+        last = (N - 1) // BLOCK_N * BLOCK_N
+        for i in range(0, tiles_per_program):
+            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+            rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
+            mean = rstd * 0.0
+            if CENTER:
+                mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
+            if COMPUTE_DX:
+                # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), chunk by chunk.
+                sum_xhat_g = tl.zeros([ROWS], dtype=tl.float32)
+                sum_g = tl.zeros([ROWS], dtype=tl.float32)
+                for start in range(0, N, BLOCK_N):
+                    cols = start + tl.arange(0, BLOCK_N)
+                    x_offs, mask = _tile(rows, cols, M, N, stride_x)
+                    dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+                    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+                    g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+                    if HAS_W:
+                        g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
+                    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                    sum_xhat_g += tl.sum(xhat * g, axis=1)
+                    if CENTER:
+                        sum_g += tl.sum(g, axis=1)
+                c1 = sum_xhat_g / N
+                c2 = sum_g / N
+            # Pass 2, last chunk first (still in L2): dx, and this tile's dw/db.
+            for k in range(0, N, BLOCK_N):
+                cols = (last - k) + tl.arange(0, BLOCK_N)
+                x_offs, mask = _tile(rows, cols, M, N, stride_x)
+                dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                if COMPUTE_DX:
+                    g = dy
+                    if HAS_W:
+                        g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
+                    dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+                    if HAS_DS:
+                        ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
+                        dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
+                    dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+                    tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+                # The program's partial row lives in memory (N fp32 would not fit in
+                # registers); its first tile writes it, later tiles add to it.
+                p_offs = pid.to(tl.int64) * N + cols
+                p_mask = (cols < N) & (i > 0)
+                if COMPUTE_DW:
+                    dw = tl.load(DWp + p_offs, mask=p_mask, other=0.0) + tl.sum(dy * xhat, axis=0)
+                    tl.store(DWp + p_offs, dw, mask=cols < N)
+                if COMPUTE_DB:
+                    db = tl.load(DBp + p_offs, mask=p_mask, other=0.0) + tl.sum(dy, axis=0)
+                    tl.store(DBp + p_offs, db, mask=cols < N)
+
+
+def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
+    """Launches the row forward on (M, N) rows. Returns y, s (or None), mean (or None), rstd."""
+    M, N = x.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    s = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
+    mean = torch.empty((M,), dtype=torch.float32, device=x.device) if center else None
+    rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
+    if M == 0:
+        return y, s, mean, rstd
+    t = _row_tiling(M, N)
+    _row_norm_fwd_kernel[(t.num_tiles,)](
+        x, residual, s, y, weight, bias, mean, rstd,
+        M, N, x.stride(0), 0 if residual is None else residual.stride(0),
+        0 if s is None else s.stride(0), y.stride(0), float(eps), float(offset),
+        CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
+        HAS_B=bias is not None, ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass,
+        num_warps=t.num_warps)
+    return y, s, mean, rstd
+
+
+def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, compute_dw, compute_db,
+                       weight_dtype=None, bias_dtype=None):
+    """Launches the row backward on (M, N) rows. Returns dx, dw, db (None where not asked).
+
+    Scratch: with dw or db asked, one (P, N) fp32 buffer per trained parameter,
+    P = min(tiles, PROGRAMS_PER_SM x SMs) (264 rows on an H200: 4.3 MB at N = 4096).
+    With neither, nothing but dx is allocated and one kernel is launched.
+    """
+    M, N = x.shape
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device) if compute_dx else None
+    new_param = functools.partial(torch.empty, (N,), device=x.device)
+    dw = new_param(dtype=weight_dtype) if compute_dw else None
+    db = new_param(dtype=bias_dtype) if compute_db else None
+    if M == 0 or not (compute_dx or compute_dw or compute_db):
+        return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
+    trains = compute_dw or compute_db
+    t = _row_tiling(M, N, TRAIN_ROW_BLOCK_MAX if trains else ROW_BLOCK_MAX)
+    programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device)) if trains else t.num_tiles
+    new_partial = functools.partial(torch.empty, (programs, N), dtype=torch.float32, device=x.device)
+    dw_partial = new_partial() if compute_dw else None
+    db_partial = new_partial() if compute_db else None
+    _row_norm_bwd_kernel[(programs,)](
+        dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
+        M, N, dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0),
+        0 if dx is None else dx.stride(0), float(offset), _cdiv(t.num_tiles, programs),
+        CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None,
+        COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+    if compute_dw and compute_db:
+        _reduce_partials(dw_partial, dw, db_partial, db)
+    elif trains:
+        _reduce_partials(dw_partial if compute_dw else db_partial, dw if compute_dw else db)
+    return dx, dw, db
+
+
+def _row_length(x: torch.Tensor, rstd: torch.Tensor) -> int:
+    """N, the normalized length, from a saved x and its per-row statistics."""
+    return x.numel() // rstd.shape[0] if rstd.shape[0] else max(x.shape[-1], 1)
+
+
+def _grad_view(grad: Optional[torch.Tensor], like: Optional[torch.Tensor]):
+    """A flat gradient viewed with the shape of the tensor it belongs to."""
+    return None if grad is None else grad.view(like.shape)
+
+
+def rms_norm_forward(x, normalized_shape, weight=None, eps=1e-6, offset=0.0):
+    """Low-level RMSNorm forward: returns (y, rstd), y like x, rstd (M,) fp32.
+
+    Used by `rms_norm` and the benchmark. It does not validate its arguments.
+    """
+    N = math.prod(normalized_shape)
+    y, _, _, rstd = _row_norm_forward(_as_rows(x, N), None, _vector(weight), None, eps, offset, False)
+    return y.view(x.shape), rstd
+
+
+def rms_norm_backward(dy, x, weight, rstd, offset=0.0, compute_dx=True, compute_dw=True):
+    """Low-level RMSNorm backward: returns (dx, dw), None for what is not computed.
+
+    x, weight and rstd as the forward saw and returned them; the flags say which
+    gradients to compute (in the autograd Function: ctx.needs_input_grad).
+    """
+    N = _row_length(x, rstd)
+    dx, dw, _ = _row_norm_backward(
+        _as_rows(dy, N), _as_rows(x, N), _vector(weight), None, rstd, None, offset,
+        compute_dx, compute_dw and weight is not None, False,
+        weight_dtype=None if weight is None else weight.dtype)
+    return _grad_view(dx, x), _grad_view(dw, weight)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, eps, offset):
+        y, rstd = rms_norm_forward(x, normalized_shape, weight, eps, offset)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset = offset
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_backward(dy, x, weight, rstd, ctx.offset,
+                                   ctx.needs_input_grad[0], ctx.needs_input_grad[2])
+        return dx, None, dw, None, None
+
+
+@torch.compiler.disable
+def rms_norm(x, normalized_shape, weight=None, eps=None, *, offset=0.0):
+    """RMSNorm as ``torch.nn.functional.rms_norm``: x / sqrt(mean(x^2) + eps) * (offset + w).
+
+    eps=None means torch.finfo(x.dtype).eps, as torch does; offset=1.0 gives
+    Gemma's (1 + w) (it has no effect without a weight). dw is computed only
+    when weight requires grad.
+    """
+    _check_tensor(x, "x")
+    shape = _check_normalized_shape(x, normalized_shape)
+    _check_param(weight, "weight", shape, x)
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    return _RMSNormFunction.apply(x, shape, weight, eps, offset)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """Drop-in ``torch.nn.RMSNorm``: same arguments, parameters and state_dict.
+
+    One keyword-only extra, `offset`, for Gemma-style (offset + w) scaling.
+    """
+
+    def __init__(self, *args, offset: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.offset = offset
+
+    def forward(self, x):
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps, offset=self.offset)
+
+
+# =============================================================================
+# 5. FusedAddRMSNorm
+# =============================================================================
+#
+# The delta on RMSNorm. A transformer block ends with `s = residual + h` and the
+# next block starts with `rms_norm(s)`. Fused, s is read once instead of twice;
+# it is still written, because it is the next block's residual:
+#
+#     s = x + r   (rounded to x's dtype),    y = rms_norm(s) * (o + w)
+#
+# Both outputs carry gradients. With ds the gradient arriving at s from the
+# rest of the network and dnorm section 4's dx (with s in place of x):
+#
+#     dx = dr = dnorm + ds,        dw = sum over rows of dy * shat
+#
+# The kernels are section 4's with HAS_RESIDUAL (forward: load r, add, store s)
+# and HAS_DS (backward: add ds into dx). dx and dr are one tensor returned
+# twice, as autograd's own add does. Freezing w removes what it removes for
+# RMSNorm.
+
+
+def fused_add_rms_norm_reference(x, residual, weight=None, eps=1e-6, offset=0.0):
+    """Plain-torch FusedAddRMSNorm: returns (rms_norm(s), s) with s = x + residual."""
+    s = x + residual
+    return rms_norm_reference(s, (x.shape[-1],), weight, eps, offset), s
+
+
+def fused_add_rms_norm_forward(x, residual, weight=None, eps=1e-6, offset=0.0):
+    """Low-level forward: returns (y, s, rstd). No validation."""
+    N = x.shape[-1]
+    y, s, _, rstd = _row_norm_forward(_as_rows(x, N), _as_rows(residual, N), _vector(weight), None,
+                                      eps, offset, False)
+    return y.view(x.shape), s.view(x.shape), rstd
+
+
+def fused_add_rms_norm_backward(dy, ds, s, weight, rstd, offset=0.0, compute_dx=True, compute_dw=True):
+    """Low-level backward: returns (dx, dw); dx is also the residual's gradient.
+
+    dy and ds are the gradients of y and s; either may be None (an unused output).
+    """
+    N = _row_length(s, rstd)
+    if dy is None:   # y unused: only ds flows back, and w gets no gradient
+        return (ds if compute_dx else None), None
+    dx, dw, _ = _row_norm_backward(
+        _as_rows(dy, N), _as_rows(s, N), _vector(weight), None, rstd,
+        None if ds is None else _as_rows(ds, N), offset, compute_dx,
+        compute_dw and weight is not None, False, weight_dtype=None if weight is None else weight.dtype)
+    return _grad_view(dx, s), _grad_view(dw, weight)
+
+
+class _FusedAddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset):
+        y, s, rstd = fused_add_rms_norm_forward(x, residual, weight, eps, offset)
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.offset = offset
+        ctx.set_materialize_grads(False)   # an unused y or s costs no tensor of zeros
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            ctx.mark_non_differentiable(s)   # s = x + r does not depend on w
+        return y, s
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, ds):
+        s, weight, rstd = ctx.saved_tensors
+        need_x, need_r, need_w = ctx.needs_input_grad[:3]
+        dx, dw = fused_add_rms_norm_backward(dy, ds, s, weight, rstd, ctx.offset, need_x or need_r, need_w)
+        return (dx if need_x else None), (dx if need_r else None), dw, None, None
+
+
+@torch.compiler.disable
+def fused_add_rms_norm(x, residual, weight=None, eps=1e-6, *, offset=0.0):
+    """s = x + residual (rounded to x's dtype), y = rms_norm(s) * (offset + w). Returns (y, s)."""
+    _check_tensor(x, "x")
+    _check_tensor(residual, "residual", device=x.device)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)} and dtype {x.dtype}, "
+                         f"got {tuple(residual.shape)} and {residual.dtype}")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
+    _check_param(weight, "weight", (x.shape[-1],), x)
+    return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset)
+
+
+class FusedAddRMSNorm(torch.nn.Module):
+    """RMSNorm of (x + residual); forward(x, residual) returns (y, x + residual).
+
+    The weight starts at 1 - offset, so that the scale (offset + w) starts at 1.
+    """
+
+    def __init__(self, hidden_size, eps=1e-6, *, offset=0.0, device=None, dtype=None):
+        super().__init__()
+        self.hidden_size, self.eps, self.offset = hidden_size, eps, offset
+        self.weight = torch.nn.Parameter(torch.full((hidden_size,), 1.0 - offset, device=device, dtype=dtype))
+
+    def forward(self, x, residual):
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, offset=self.offset)
+
+    def extra_repr(self):
+        return f"{self.hidden_size}, eps={self.eps}, offset={self.offset}"
+
+
+# =============================================================================
+# 6. LayerNorm
+# =============================================================================
+#
+# The delta on RMSNorm: the row is centred, and there is a bias.
+#
+#     mean = mean(x),  rstd = 1 / sqrt(mean((x - mean)^2) + eps),
+#     xhat = (x - mean) * rstd,  y = xhat * w + b
+#
+# The backward gains one term: the mean depends on every x_j with weight 1/N,
+# which adds the mean of g to section 4's c1 term:
+#
+#     dx = rstd * (g - xhat * c1 - c2),   c1 = mean(xhat * g),  c2 = mean(g)
+#     dw = sum over rows of dy * xhat,    db = sum over rows of dy
+#
+# The kernels are section 4's with CENTER (mean, c2) and HAS_B (the bias, and
+# COMPUTE_DB for its gradient). Freezing w and b removes both column reductions,
+# both (P x N) scratch buffers and the second launch; freezing w alone keeps db's.
+
+
+def layer_norm_reference(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Plain-torch LayerNorm, computed in the dtype of x."""
+    dims = tuple(range(-len(tuple(normalized_shape)), 0))
+    mean = x.mean(dims, keepdim=True)
+    y = (x - mean) * torch.rsqrt((x - mean).pow(2).mean(dims, keepdim=True) + eps)
+    y = y if weight is None else y * weight
+    return y if bias is None else y + bias
+
+
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Low-level forward: returns (y, mean, rstd). No validation."""
+    N = math.prod(normalized_shape)
+    y, _, mean, rstd = _row_norm_forward(_as_rows(x, N), None, _vector(weight), _vector(bias), eps, 0.0, True)
+    return y.view(x.shape), mean, rstd
+
+
+def layer_norm_backward(dy, x, weight, bias, mean, rstd, compute_dx=True, compute_dw=True, compute_db=True):
+    """Low-level backward: returns (dx, dw, db), None for what is not computed."""
+    N = _row_length(x, rstd)
+    dx, dw, db = _row_norm_backward(
+        _as_rows(dy, N), _as_rows(x, N), _vector(weight), mean, rstd, None, 0.0, compute_dx,
+        compute_dw and weight is not None, compute_db and bias is not None,
+        weight_dtype=None if weight is None else weight.dtype, bias_dtype=None if bias is None else bias.dtype)
+    return _grad_view(dx, x), _grad_view(dw, weight), _grad_view(db, bias)
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, normalized_shape, weight, bias, eps):
+        y, mean, rstd = layer_norm_forward(x, normalized_shape, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = layer_norm_backward(dy, x, weight, bias, mean, rstd, need[0], need[2], need[3])
+        return dx, None, dw, db, None
+
+
+@torch.compiler.disable
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """LayerNorm as ``torch.nn.functional.layer_norm``; dw, db only for parameters that require grad."""
+    _check_tensor(x, "x")
+    shape = _check_normalized_shape(x, normalized_shape)
+    _check_param(weight, "weight", shape, x)
+    _check_param(bias, "bias", shape, x)
+    return _LayerNormFunction.apply(x, shape, weight, bias, eps)
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """Drop-in ``torch.nn.LayerNorm``: same arguments, parameters and state_dict."""
+
+    def forward(self, x):
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+# =============================================================================
+# 7. GroupNorm
+# =============================================================================
+#
+# The math. x is (B, C, *spatial), viewed as (B, C, HW). The C channels form G
+# groups of Cg = C / G; a "row" is one (sample, group): Cg * HW elements, which
+# are contiguous. Statistics are per row, the affine per channel c:
+#
+#     xhat = (x - mean) * rstd  (over the row),   y = xhat * w[c] + b[c]
+#
+# The backward is LayerNorm's within each row, with g = dy * w[c] and the
+# means c1, c2 taken over the row's L = Cg * HW elements:
+#
+#     dx = rstd * (g - xhat * c1 - c2)
+#     dw[c] = sum over samples and spatial positions of dy * xhat,   db[c] = ... of dy
+#
+# Both c1 and c2 factor through per-(sample, channel) sums:
+#     sum(xhat * g) = sum_c w[c] * A[c],  A[c] = sum_hw dy * xhat   (= dw's summand)
+#     sum(g)        = sum_c w[c] * D[c],  D[c] = sum_hw dy          (= db's summand)
+# so the kernel always forms A and D per channel, in registers. What a frozen w
+# (b) removes is smaller than for the row norms: the store of A (D) into a
+# (B, C) fp32 scratch, that scratch, and the launch summing it over B.
+#
+# Long rows and few rows. A row can hold millions of elements, so the kernels
+# loop over [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the
+# update, backwards for L2 hits). When B * G is smaller than the SM count, each
+# row is split over S programs by channels, and the two passes become two
+# launches: the first leaves per-split partial statistics in spare columns of
+# the saved statistics tensor, the second merges them. The statistics tensor is
+# (B * G, 2 + 2 S) fp32: mean, rstd, then two floats per split. It is allocated
+# by the forward, so the split backward, too, allocates nothing but dx.
+
+
+def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """Plain-torch GroupNorm, computed in the dtype of x."""
+    B, C = x.shape[:2]
+    xg = x.reshape(B, num_groups, -1)
+    mean = xg.mean(-1, keepdim=True)
+    y = ((xg - mean) * torch.rsqrt((xg - mean).pow(2).mean(-1, keepdim=True) + eps)).reshape(x.shape)
+    affine_shape = (1, C) + (1,) * (x.dim() - 2)
+    y = y if weight is None else y * weight.reshape(affine_shape)
+    return y if bias is None else y + bias.reshape(affine_shape)
+
+
+@triton.jit
+def _group_row(pid, S, C, HW, Cg, channels_per_split):
+    """Where program `pid` works: its row, split, sample offset and channel range."""
+    row = pid // S
+    split = pid % S
+    G = C // Cg
+    c_lo = (row % G) * Cg + split * channels_per_split
+    c_hi = tl.minimum(c_lo + channels_per_split, (row % G) * Cg + Cg)
+    base = (row // G).to(tl.int64) * C * HW
+    return row, split, base, c_lo, c_hi
+
+
+@triton.jit
+def _group_norm_fwd_kernel(
+    X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, 2 + 2S) fp32
+    C, HW, Cg, channels_per_split, S, stats_stride, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+):
+    """GroupNorm forward: y = (x - mean) * rstd * w[c] + b[c], per (sample, group) row.
+
+    Grid: (B * G * S,); program p handles split p % S of row p // S: channels
+    [c_lo, c_hi) of that row, all HW positions, in [BLOCK_C, BLOCK_HW] tiles.
+    Pointers: X, Y contiguous (B, C, HW); W, B (C,); Stats (B*G, stats_stride)
+    fp32 holding mean, rstd and 2 partial floats per split.
+    Dtypes: Y is X's dtype; W, B any float dtype; fp32 math.
+
+    Launch modes (S = 1: one launch with both flags; S > 1: two launches):
+      DO_STATS and DO_APPLY  pass 1 (moments of the row), pass 2 (y), backwards.
+      DO_STATS only          write this split's (mean, m2) to Stats; no y.
+      DO_APPLY only          merge the S partial moments, then pass 2; programs
+                             run in reverse order, to re-read from L2 what the
+                             stats launch read last.
+    HAS_W, HAS_B: False removes the load and use of w (b).
+    """
+    pid = tl.program_id(0)
+    if not DO_STATS:
+        pid = tl.num_programs(0) - 1 - pid
+    row, split, base, c_lo, c_hi = _group_row(pid, S, C, HW, Cg, channels_per_split)
+    eps = tl.cast(eps, tl.float32)
+    stats_row = Stats + row.to(tl.int64) * stats_stride
+    if DO_STATS:
+        mean = tl.full([], 0.0, tl.float32)
+        m2 = mean
+        count = mean
+        for c0 in range(c_lo, c_hi, BLOCK_C):
+            for h0 in range(0, HW, BLOCK_HW):
+                offs, mask = _tile(c0 + tl.arange(0, BLOCK_C), h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+                x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+                n_b = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
+                mean_b = tl.sum(x) / n_b
+                d = tl.where(mask, x - mean_b, 0.0)
+                mean, m2 = _merge_moments(mean, m2, count, mean_b, tl.sum(d * d), n_b)
+                count += n_b
+        if not DO_APPLY:
+            tl.store(stats_row + 2 + 2 * split, mean)
+            tl.store(stats_row + 3 + 2 * split, m2)
+    else:
+        mean = tl.load(stats_row + 2)
+        m2 = tl.load(stats_row + 3)
+        count = tl.cast(tl.minimum(channels_per_split, Cg) * HW, tl.float32)
+        for s in range(1, S):
+            n_b = tl.cast(tl.minimum(channels_per_split, Cg - s * channels_per_split) * HW, tl.float32)
+            mean, m2 = _merge_moments(mean, m2, count, tl.load(stats_row + 2 + 2 * s),
+                                      tl.load(stats_row + 3 + 2 * s), n_b)
+            count += n_b
+    if DO_APPLY:
+        rstd = 1.0 / tl.sqrt(m2 / (Cg * HW) + eps)
+        if split == 0:
+            tl.store(stats_row, mean)
+            tl.store(stats_row + 1, rstd)
+        num_hw = tl.cdiv(HW, BLOCK_HW)
+        num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw
+        for k in range(0, num_tiles):   # the tiles of pass 1, last first
+            t = num_tiles - 1 - k
+            c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
+            offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+            y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+            if HAS_W:
+                y = y * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+            if HAS_B:
+                y = y + tl.load(B + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+            tl.store(Y + base + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_norm_bwd_kernel(
+    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, 2 + 2S); DWp, DBp: (B, C) fp32
+    C, HW, Cg, channels_per_split, S, stats_stride,
+    HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    DO_SUMS: tl.constexpr, DO_DX: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+):
+    """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
+
+    Grid and pointers as `_group_norm_fwd_kernel`; DWp and DBp are contiguous
+    (B, C) fp32 and receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy.
+    Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
+
+    Launch modes (S = 1: one launch; S > 1, or no dx wanted: two or one):
+      DO_SUMS   pass 1: A and D per channel, and from them sum(xhat * g) and
+                sum(g); with DO_DX off (a split) these two go to Stats.
+      DO_DX     pass 2 (backwards): dx; without DO_SUMS, first merge the S
+                splits' sums from Stats (programs in reverse order, for L2).
+    Flags (each False removes code):
+      COMPUTE_DW, COMPUTE_DB  the stores of A, D into DWp, DBp.
+      COMPUTE_DX              the row sums' use, pass 2 and the DX stores.
+      HAS_W                   the loads of w (g = dy).
+    """
+    pid = tl.program_id(0)
+    if not DO_SUMS:
+        pid = tl.num_programs(0) - 1 - pid
+    row, split, base, c_lo, c_hi = _group_row(pid, S, C, HW, Cg, channels_per_split)
+    stats_row = Stats + row.to(tl.int64) * stats_stride
+    mean = tl.load(stats_row)
+    rstd = tl.load(stats_row + 1)
+    if DO_SUMS:
+        sum_xhat_g = tl.full([], 0.0, tl.float32)
+        sum_g = sum_xhat_g
+        for c0 in range(c_lo, c_hi, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            A = tl.zeros([BLOCK_C], dtype=tl.float32)
+            D = tl.zeros([BLOCK_C], dtype=tl.float32)
+            for h0 in range(0, HW, BLOCK_HW):
+                offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+                x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
+                A += tl.sum(dy * tl.where(mask, (x - mean) * rstd, 0.0), axis=1)
+                D += tl.sum(dy, axis=1)
+            if HAS_W:
+                w = tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)
+                A_w = A * w
+                D_w = D * w
+            else:
+                A_w = A
+                D_w = D
+            sum_xhat_g += tl.sum(A_w, axis=0)
+            sum_g += tl.sum(D_w, axis=0)
+            sample_c = (row // (C // Cg)).to(tl.int64) * C + c
+            if COMPUTE_DW:
+                tl.store(DWp + sample_c, A, mask=c < c_hi)
+            if COMPUTE_DB:
+                tl.store(DBp + sample_c, D, mask=c < c_hi)
+        if COMPUTE_DX and not DO_DX:
+            tl.store(stats_row + 2 + 2 * split, sum_xhat_g)
+            tl.store(stats_row + 3 + 2 * split, sum_g)
+    else:
+        sum_xhat_g = tl.load(stats_row + 2)
+        sum_g = tl.load(stats_row + 3)
+        for s in range(1, S):
+            sum_xhat_g += tl.load(stats_row + 2 + 2 * s)
+            sum_g += tl.load(stats_row + 3 + 2 * s)
+    if DO_DX:
+        c1 = sum_xhat_g / (Cg * HW)
+        c2 = sum_g / (Cg * HW)
+        num_hw = tl.cdiv(HW, BLOCK_HW)
+        num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw
+        for k in range(0, num_tiles):   # the tiles of pass 1, last first
+            t = num_tiles - 1 - k
+            c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
+            offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+            x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_W:
+                g = g * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+            dx = (g - (x - mean) * rstd * c1 - c2) * rstd
+            tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+class _GroupTiling(NamedTuple):
+    splits: int               # S: programs per (sample, group) row
+    channels_per_split: int
+    block_c: int
+    block_hw: int
+    num_warps: int
+
+
+def _group_tiling(B: int, C: int, HW: int, G: int, device: torch.device) -> _GroupTiling:
+    Cg = C // G
+    target = GROUP_PROGRAMS_PER_SM * _num_sms(device)
+    splits = 1 if B * G >= _num_sms(device) else min(Cg, _cdiv(target, max(B * G, 1)))
+    per_split = _cdiv(Cg, splits)
+    splits = _cdiv(Cg, per_split)
+    block_hw = min(triton.next_power_of_2(HW), GROUP_TILE_ELEMENTS)
+    block_c = min(triton.next_power_of_2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
+    return _GroupTiling(splits, per_split, block_c, block_hw, _warps_for(block_c * block_hw))
+
+
+def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """Low-level forward: returns (y, stats); stats is (B * G, 2 + 2 S) fp32 [mean, rstd, scratch]."""
+    B, C = x.shape[:2]
+    HW = math.prod(x.shape[2:])
+    x3 = x.reshape(B, C, HW).contiguous()
+    t = _group_tiling(B, C, HW, num_groups, x.device)
+    y = torch.empty_like(x3)
+    stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
+    if x3.numel() == 0:
+        return y.view(x.shape), stats
+    launch = functools.partial(
+        _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
+        C, HW, C // num_groups, t.channels_per_split, t.splits, stats.stride(0), float(eps),
+        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw,
+        num_warps=t.num_warps)
+    if t.splits == 1:
+        launch(DO_STATS=True, DO_APPLY=True)
+    else:
+        launch(DO_STATS=True, DO_APPLY=False)
+        launch(DO_STATS=False, DO_APPLY=True)
+    return y.view(x.shape), stats
+
+
+def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compute_dw=True, compute_db=True,
+                        bias_dtype=None):
+    """Low-level backward: returns (dx, dw, db), None for what is not computed.
+
+    Scratch: a (B, C) fp32 buffer per trained parameter, summed over B by one
+    launch. With w and b frozen, nothing but dx. db is written in `bias_dtype`
+    (default: weight's dtype, else x's).
+    """
+    B, C = x.shape[:2]
+    HW = math.prod(x.shape[2:])
+    x3 = x.reshape(B, C, HW).contiguous()
+    dy3 = dy.reshape(B, C, HW).contiguous()
+    compute_dw = compute_dw and weight is not None
+    bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
+    dx = torch.empty_like(x3) if compute_dx else None
+    dw = torch.empty((C,), dtype=weight.dtype, device=x.device) if compute_dw else None
+    db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
+    if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
+        return (None if dx is None else dx.view(x.shape)), (dw.zero_() if compute_dw else None), \
+            (db.zero_() if compute_db else None)
+    t = _group_tiling(B, C, HW, num_groups, x.device)
+    splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
+    per_split = _cdiv(C // num_groups, splits)
+    new_partial = functools.partial(torch.empty, (B, C), dtype=torch.float32, device=x.device)
+    dw_partial = new_partial() if compute_dw else None
+    db_partial = new_partial() if compute_db else None
+    launch = functools.partial(
+        _group_norm_bwd_kernel[(B * num_groups * splits,)], dy3, x3, _vector(weight), stats, dx,
+        dw_partial, db_partial, C, HW, C // num_groups, per_split, splits, stats.stride(0),
+        HAS_W=weight is not None, COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+        BLOCK_C=min(t.block_c, triton.next_power_of_2(per_split)), BLOCK_HW=t.block_hw, num_warps=t.num_warps)
+    if compute_dx and splits == 1:
+        launch(DO_SUMS=True, DO_DX=True)
+    else:
+        launch(DO_SUMS=True, DO_DX=False)
+        if compute_dx:
+            launch(DO_SUMS=False, DO_DX=True)
+    if compute_dw and compute_db:
+        _reduce_partials(dw_partial, dw, db_partial, db)
+    elif compute_dw or compute_db:
+        _reduce_partials(dw_partial if compute_dw else db_partial, dw if compute_dw else db)
+    return (None if dx is None else dx.view(x.shape)), dw, db
+
+
+class _GroupNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, num_groups, weight, bias, eps):
+        y, stats = group_norm_forward(x, num_groups, weight, bias, eps)
+        ctx.save_for_backward(x, weight, stats)
+        ctx.num_groups = num_groups
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, stats = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = group_norm_backward(dy, x, ctx.num_groups, weight, stats, need[0], need[2], need[3],
+                                         bias_dtype=ctx.bias_dtype)
+        return dx, None, dw, db, None
+
+
+@torch.compiler.disable
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    """GroupNorm as ``torch.nn.functional.group_norm`` on x of shape (B, C, *spatial)."""
+    _check_tensor(x, "x")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (B, C, *spatial) with at least 2 dims, got {tuple(x.shape)}")
+    C = x.shape[1]
+    if not isinstance(num_groups, int) or num_groups <= 0 or C % num_groups != 0:
+        raise ValueError(f"num_groups must be a positive int dividing the {C} channels of x, got {num_groups!r}")
+    _check_param(weight, "weight", (C,), x)
+    _check_param(bias, "bias", (C,), x)
+    return _GroupNormFunction.apply(x, num_groups, weight, bias, eps)
+
+
+class GroupNorm(torch.nn.GroupNorm):
+    """Drop-in ``torch.nn.GroupNorm``: same arguments, parameters and state_dict."""
+
+    def forward(self, x):
+        return group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+# =============================================================================
+# 8. PolyNorm
+# =============================================================================
+#
+# The math (PolyCom). Three RMS-normalized powers of x, mixed by 3 weights:
+#
+#     u_k = x^k,  r_k = 1 / sqrt(mean(u_k^2) + eps),  uhat_k = u_k * r_k   (k = 1, 2, 3)
+#     y = w[0] * uhat_3 + w[1] * uhat_2 + w[2] * uhat_1 + b
+#
+# The backward. Each term is section 4's RMSNorm backward (a scalar weight in
+# place of w) followed by the chain rule through u_k = x^k:
+#
+#     du_k = w_k * r_k * (dy - uhat_k * a_k),   a_k = mean(dy * uhat_k)
+#     dx   = du_1 + du_2 * 2x + du_3 * 3x^2     (w_k: the weight of uhat_k)
+#     dw_k = sum over all rows of N * a_k,      db = sum of dy
+#
+# The row sums N * a_k that dx needs *are* dw's summands, so a frozen weight
+# saves little: the per-program sums, a (P x 4) fp32 scratch and the final
+# launch. An x without grad drops pass 2 (or the dx arithmetic) entirely.
+# Statistics are fp32: x^6 of an fp16 x fits in fp32's range.
+
+
+def poly_norm_reference(x, weight, bias, eps=1e-6):
+    """Plain-torch PolyNorm, computed in the dtype of x."""
+    def norm(u):
+        return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
+    return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias.reshape(())
+
+
+@triton.jit
+def _poly_moments(x):
+    """Row sums of x^2, x^4 and x^6 of a tile (the three RMS statistics)."""
+    x2 = x * x
+    x4 = x2 * x2
+    return tl.sum(x2, axis=1), tl.sum(x4, axis=1), tl.sum(x4 * x2, axis=1)
+
+
+@triton.jit
+def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
+    x2 = x * x
+    return w0 * r3[:, None] * (x2 * x) + w1 * r2[:, None] * x2 + w2 * r1[:, None] * x + bias
+
+
+@triton.jit
+def _poly_norm_fwd_kernel(
+    X, Y, W, B, Rstd,                # X, Y: (M, N); W: (3,); B: (1,); Rstd: (M, 3) fp32
+    M, N, stride_x, stride_y, eps,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b.
+
+    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of rows per program, as the
+    row norms (section 4); Rstd receives (r1, r2, r3) per row.
+    Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
+    ONE_PASS: as `_row_norm_fwd_kernel` (False: two passes over chunks).
+    """
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    eps = tl.cast(eps, tl.float32)
+    w0 = tl.load(W).to(tl.float32)
+    w1 = tl.load(W + 1).to(tl.float32)
+    w2 = tl.load(W + 2).to(tl.float32)
+    bias = tl.load(B).to(tl.float32)
+    if ONE_PASS:
+        x_offs, mask = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_x)
+        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        s1, s2, s3 = _poly_moments(x)
+    else:
+        s1 = tl.zeros([ROWS], dtype=tl.float32)
+        s2 = s1
+        s3 = s1
+        for start in range(0, N, BLOCK_N):
+            x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
+            m1, m2, m3 = _poly_moments(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32))
+            s1 += m1
+            s2 += m2
+            s3 += m3
+    r1 = 1.0 / tl.sqrt(s1 / N + eps)
+    r2 = 1.0 / tl.sqrt(s2 / N + eps)
+    r3 = 1.0 / tl.sqrt(s3 / N + eps)
+    if ONE_PASS:
+        y_offs, _ = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_y)
+        tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
+    else:
+        last = (N - 1) // BLOCK_N * BLOCK_N
+        for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
+            cols = (last - k) + tl.arange(0, BLOCK_N)
+            x_offs, mask = _tile(rows, cols, M, N, stride_x)
+            y_offs, _ = _tile(rows, cols, M, N, stride_y)
+            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Rstd + rows * 3, r1, mask=rows < M)
+    tl.store(Rstd + rows * 3 + 1, r2, mask=rows < M)
+    tl.store(Rstd + rows * 3 + 2, r3, mask=rows < M)
+
+
+@triton.jit
+def _poly_row_sums(x, dy, r1, r2, r3):
+    """Row sums of dy * uhat_1, dy * uhat_2, dy * uhat_3 and dy."""
+    x2 = x * x
+    return (tl.sum(dy * x, axis=1) * r1, tl.sum(dy * x2, axis=1) * r2,
+            tl.sum(dy * x2 * x, axis=1) * r3, tl.sum(dy, axis=1))
+
+
+@triton.jit
+def _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2):
+    """dx = du_1 + du_2 * 2x + du_3 * 3x^2, du_k = w_k * r_k * (dy - uhat_k * a_k)."""
+    x2 = x * x
+    du1 = w2 * r1[:, None] * (dy - x * r1[:, None] * a1[:, None])
+    du2 = w1 * r2[:, None] * (dy - x2 * r2[:, None] * a2[:, None])
+    du3 = w0 * r3[:, None] * (dy - x2 * x * r3[:, None] * a3[:, None])
+    return du1 + 2.0 * x * du2 + 3.0 * x2 * du3
+
+
+@triton.jit
+def _poly_norm_bwd_kernel(
+    DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3); Partial: (P, 4) fp32
+    M, N, stride_dy, stride_x, stride_dx, tiles_per_program,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    """PolyNorm backward: dx (see section 8), and per-program sums for dw and db.
+
+    Grid: (P,), program p takes tiles p, p + P, ... as `_row_norm_bwd_kernel`.
+    Partial row p receives (dw_0, dw_1, dw_2, db) summed over p's rows.
+    Dtypes: DX is its own dtype; DY, X, W any float dtype; fp32 math.
+
+    Flags (each False removes code):
+      COMPUTE_DX  the dx arithmetic and stores (with ONE_PASS=False, pass 2).
+      COMPUTE_DW  the three scalar accumulators and their stores (the row sums
+                  stay: dx needs them).
+      COMPUTE_DB  the dy row sum, its accumulator and its store.
+      ONE_PASS    as in `_row_norm_bwd_kernel`.
+    """
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    w0 = tl.load(W).to(tl.float32)
+    w1 = tl.load(W + 1).to(tl.float32)
+    w2 = tl.load(W + 2).to(tl.float32)
+    acc = tl.full([], 0.0, tl.float32)
+    acc_w0 = acc
+    acc_w1 = acc
+    acc_w2 = acc
+    acc_b = acc
+    for i in range(0, tiles_per_program):
+        rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+        r1 = tl.load(Rstd + rows * 3, mask=rows < M, other=0.0)
+        r2 = tl.load(Rstd + rows * 3 + 1, mask=rows < M, other=0.0)
+        r3 = tl.load(Rstd + rows * 3 + 2, mask=rows < M, other=0.0)
+        if ONE_PASS:
+            cols = tl.arange(0, BLOCK_N)
+            x_offs, mask = _tile(rows, cols, M, N, stride_x)
+            dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+            s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3)
+        else:
+            s1 = tl.zeros([ROWS], dtype=tl.float32)
+            s2 = s1
+            s3 = s1
+            sdy = s1
+            for start in range(0, N, BLOCK_N):
+                x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
+                dy_offs, _ = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_dy)
+                t1, t2, t3, tdy = _poly_row_sums(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32),
+                                                 tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32),
+                                                 r1, r2, r3)
+                s1 += t1
+                s2 += t2
+                s3 += t3
+                sdy += tdy
+        if COMPUTE_DW:
+            acc_w0 += tl.sum(s3, axis=0)
+            acc_w1 += tl.sum(s2, axis=0)
+            acc_w2 += tl.sum(s1, axis=0)
+        if COMPUTE_DB:
+            acc_b += tl.sum(sdy, axis=0)
+        if COMPUTE_DX:
+            a1 = s1 / N
+            a2 = s2 / N
+            a3 = s3 / N
+            if ONE_PASS:
+                dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+                tl.store(DX + dx_offs, _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2)
+                         .to(DX.dtype.element_ty), mask=mask)
+            else:
+                last = (N - 1) // BLOCK_N * BLOCK_N
+                for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
+                    cols = (last - k) + tl.arange(0, BLOCK_N)
+                    x_offs, mask = _tile(rows, cols, M, N, stride_x)
+                    dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+                    dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+                    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+                    dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+                    tl.store(DX + dx_offs, _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2)
+                             .to(DX.dtype.element_ty), mask=mask)
+    if COMPUTE_DW:
+        tl.store(Partial + pid * 4, acc_w0)
+        tl.store(Partial + pid * 4 + 1, acc_w1)
+        tl.store(Partial + pid * 4 + 2, acc_w2)
+    if COMPUTE_DB:
+        tl.store(Partial + pid * 4 + 3, acc_b)
+
+
+def poly_norm_forward(x, weight, bias, eps=1e-6):
+    """Low-level forward: returns (y, rstd) with rstd (M, 3) fp32. No validation."""
+    N = x.shape[-1]
+    x2 = _as_rows(x, N)
+    M = x2.shape[0]
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
+    if M:
+        t = _row_tiling(M, N)
+        _poly_norm_fwd_kernel[(t.num_tiles,)](
+            x2, y, _vector(weight), _vector(bias), rstd, M, N, x2.stride(0), y.stride(0), float(eps),
+            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+    return y.view(x.shape), rstd
+
+
+def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=True, compute_db=True):
+    """Low-level backward: returns (dx, dw, db), None for what is not computed.
+
+    Scratch: with dw or db asked, one (P, 4) fp32 buffer (P about 2 x SMs).
+    """
+    N = x.shape[-1]
+    x2, dy2 = _as_rows(x, N), _as_rows(dy, N)
+    M = x2.shape[0]
+    dx = torch.empty((M, N), dtype=x.dtype, device=x.device) if compute_dx else None
+    dw = torch.empty((3,), dtype=weight.dtype, device=x.device) if compute_dw else None
+    db = torch.empty((1,), dtype=bias.dtype, device=x.device) if compute_db else None
+    if M == 0 or not (compute_dx or compute_dw or compute_db):
+        return _grad_view(dx, x), (dw.zero_() if compute_dw else None), \
+            (db.zero_().view(bias.shape) if compute_db else None)
+    t = _row_tiling(M, N)
+    trains = compute_dw or compute_db
+    programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device)) if trains else t.num_tiles
+    partial = torch.empty((programs, 4), dtype=torch.float32, device=x.device) if trains else None
+    _poly_norm_bwd_kernel[(programs,)](
+        dy2, x2, _vector(weight), rstd, dx, partial, M, N, dy2.stride(0), x2.stride(0),
+        0 if dx is None else dx.stride(0), _cdiv(t.num_tiles, programs),
+        COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+    if compute_dw and compute_db:
+        _reduce_partials(partial[:, :3], dw, partial[:, 3:], db)
+    elif compute_dw:
+        _reduce_partials(partial[:, :3], dw)
+    elif compute_db:
+        _reduce_partials(partial[:, 3:], db)
+    return _grad_view(dx, x), dw, (None if db is None else db.view(bias.shape))
+
+
+class _PolyNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, rstd = poly_norm_forward(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, bias, rstd)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, bias, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        dx, dw, db = poly_norm_backward(dy, x, weight, bias, rstd, need[0], need[1], need[2])
+        return dx, dw, db, None
+
+
+@torch.compiler.disable
+def poly_norm(x, weight, bias, eps=1e-6):
+    """PolyNorm: w[0] * norm(x^3) + w[1] * norm(x^2) + w[2] * norm(x) + b over the last dim.
+
+    weight has 3 elements, bias one (shape () or (1,)); both are required.
+    """
+    _check_tensor(x, "x")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
+    _check_tensor(weight, "weight", device=x.device)
+    _check_tensor(bias, "bias", device=x.device)
+    if weight.dim() != 1 or weight.numel() != 3:
+        raise ValueError(f"weight must have shape (3,), got {tuple(weight.shape)}")
+    if bias.numel() != 1 or bias.dim() > 1:
+        raise ValueError(f"bias must have shape () or (1,), got {tuple(bias.shape)}")
+    return _PolyNormFunction.apply(x, weight, bias, eps)
+
+
+class PolyNorm(torch.nn.Module):
+    """PolyNorm over the last dim, weight initialised to 1/3 each and bias to 1.0."""
+
+    def __init__(self, eps=1e-6, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.full((3,), 1.0 / 3.0, device=device, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.ones((1,), device=device, dtype=dtype))
+
+    def forward(self, x):
+        return poly_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"eps={self.eps}"
+
+
+# =============================================================================
+# 9. Swapping modules in place: replace_norms
+# =============================================================================
+
+def _probe_rms_offset(module, hidden: int, eps: float) -> Optional[float]:
+    """The offset o for which `module` computes (o + w) * x * rsqrt(mean(x^2) + eps), if any.
+
+    Runs the module on a small fixed input whose rows have mean squares from
+    about eps to 100 (so the placement of eps matters) and compares it, in
+    float64, with the formula for o = 0 and o = 1. None when neither matches.
+    """
+    w = module.weight
+    if w.device.type == "meta":
+        return None
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.tensor([1.0, 10.0, 0.1, 2.0 * math.sqrt(eps)], dtype=torch.float64)[:, None]
+    x = (torch.randn(4, hidden, generator=gen, dtype=torch.float64) * scales).to(torch.float32)
+    try:
+        with torch.no_grad():
+            out = module(x.to(w.device)).to(torch.float64).cpu()
+    except Exception:   # a module we cannot run is a module we cannot vouch for
+        return None
+    x64 = x.to(torch.float64)
+    xhat = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    for offset in (0.0, 1.0):
+        ref = xhat * (offset + w.detach().to(torch.float64).cpu())
+        if out.shape == ref.shape and torch.linalg.vector_norm(out - ref) <= 1e-2 * torch.linalg.vector_norm(ref):
+            return offset
+    return None
+
+
+def replace_norms(model: torch.nn.Module) -> int:
+    """Swap every norm in `model` that is provably equivalent for this module's own; returns the count.
+
+    The rule:
+    * ``torch.nn.LayerNorm``, ``torch.nn.RMSNorm`` and ``torch.nn.GroupNorm`` of
+      exactly those types (a subclass may override forward) become this
+      module's LayerNorm, RMSNorm and GroupNorm.
+    * A Hugging Face-style RMSNorm, i.e. a module whose class name ends in
+      "RMSNorm", with a 1-D ``weight`` and a float ``eps`` or
+      ``variance_epsilon``, becomes this module's RMSNorm when a probe run
+      shows it computes w * x * rsqrt(mean(x^2) + eps); one that computes
+      (1 + w) * ... (Gemma) becomes RMSNorm(offset=1.0).
+    * Everything else (other formulas, modules that fail the probe, this
+      module's own classes) is left alone.
+    The new module reuses the old module's Parameter objects, so
+    requires_grad, optimizer state and state_dict keys are unchanged. Hooks
+    registered on a replaced module are not carried over.
+    """
+    swaps = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            new = _equivalent_norm(child)
+            if new is not None:
+                swaps.append((parent, name, new))
+    for parent, name, new in swaps:
+        setattr(parent, name, new)
+    return len(swaps)
+
+
+def _equivalent_norm(m: torch.nn.Module) -> Optional[torch.nn.Module]:
+    """This module's equivalent of `m`, sharing m's parameters, or None."""
+    if type(m) is torch.nn.LayerNorm:
+        new = LayerNorm(m.normalized_shape, m.eps, elementwise_affine=False)
+        new.elementwise_affine = m.elementwise_affine
+    elif type(m) is torch.nn.RMSNorm:
+        new = RMSNorm(m.normalized_shape, m.eps, elementwise_affine=False)
+        new.elementwise_affine = m.elementwise_affine
+    elif type(m) is torch.nn.GroupNorm:
+        new = GroupNorm(m.num_groups, m.num_channels, m.eps, affine=False)
+        new.affine = m.affine
+    elif type(m).__name__.endswith("RMSNorm") and not isinstance(m, (RMSNorm, FusedAddRMSNorm)):
+        w = getattr(m, "weight", None)
+        eps = getattr(m, "eps", getattr(m, "variance_epsilon", None))
+        if not isinstance(w, torch.nn.Parameter) or w.dim() != 1 or not isinstance(eps, float):
+            return None
+        offset = _probe_rms_offset(m, w.shape[0], eps)
+        if offset is None:
+            return None
+        new = RMSNorm(w.shape[0], eps, elementwise_affine=False, offset=offset)
+        new.elementwise_affine = True
+    else:
+        return None
+    for pname in ("weight", "bias"):
+        if getattr(m, pname, None) is not None or pname in m._parameters:
+            new.register_parameter(pname, getattr(m, pname))
+    new.train(m.training)
+    return new
+
+
+# =============================================================================
+# 10. Seeing the dead code go: compiling for a GPU without one
+# =============================================================================
+#
+# Triton can compile a kernel for a GPU that is not there: give it the argument
+# types (the "signature"), the constexpr values and a target. The result holds
+# every stage: TTIR (Triton's IR, after the constexpr branches are folded
+# away), TTGIR (with layouts), LLVM IR, PTX and a cubin. Compile a backward
+# kernel with COMPUTE_DW=True and then False, and the PTX of the second has no
+# stores into the dw scratch. bench_frozen_norm.py --dce tabulates this for
+# every kernel; the tests assert it.
+
+_POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+
+
+def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, arch=90):
+    """Compile `kernel` for an NVIDIA GPU of compute capability `arch` (90: H100/H200), no GPU needed.
+
+    args: the runtime arguments in order, as a launch would pass them (tensors
+    give only their dtype, so 'meta' tensors do). constexprs: the constexpr
+    keyword arguments. Integers equal to 1 become constants and pointers and
+    multiples of 16 are marked 16-aligned, as Triton's launcher does.
+    Returns Triton's compiled kernel: ``.asm`` has "ttir", "ttgir", "llir",
+    "ptx" and "cubin"; ``.metadata`` the launch facts.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("compile_for_gpu needs Triton's compiler; unset TRITON_INTERPRET to use it")
+    signature, constants, attrs = {}, dict(constexprs), {}
+    params = [p for p in kernel.arg_names if p not in constexprs]
+    for i, (name, value) in enumerate(zip(params, args)):
+        index = kernel.arg_names.index(name)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            constants[name] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = _POINTER_TYPES[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i64" if abs(value) >= 2**31 else "i32"
+            if value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"argument {name} of type {type(value).__name__} is not supported")
+    for name in constants:
+        signature[name] = "constexpr"
+    signature = {name: signature[name] for name in kernel.arg_names}
+    source = ASTSource(kernel, signature, constants, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})

@@ -1,0 +1,738 @@
+"""Tests for frozen_norm: every op x dtype x shape x freeze pattern against float64.
+
+Run: python -m pytest -q test_frozen_norm.py
+Without a CUDA device the kernels run on the CPU through Triton's interpreter
+(TRITON_INTERPRET=1 is set below, before frozen_norm imports triton's jit).
+Tests marked `gpu` need a CUDA device and are skipped, with that reason, without one.
+"""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import frozen_norm as fn  # noqa: E402  (after TRITON_INTERPRET is decided)
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
+
+# Relative L2 error allowed against the float64 reference, by the dtype of x.
+# fp32: the kernels' fp32 arithmetic; bf16 / fp16: one rounding of the output
+# (2^-9 and 2^-12 relative), with headroom for the rounding of the inputs to
+# the parameter update and of mixed-dtype parameters.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+DTYPES = list(TOLERANCE)
+DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+TRAIN, FROZEN, ABSENT = "train", "frozen", "absent"
+
+
+def rel_error(out, ref):
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert torch.isfinite(out).all(), "non-finite values"
+    return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0, shift=0.0):
+    return (torch.randn(*shape, dtype=torch.float64) * scale + shift).to(dtype).to(DEVICE)
+
+
+# ----------------------------------------------------------------------------
+# One description per op: how to make inputs, call the kernel and the reference
+# ----------------------------------------------------------------------------
+
+class Op:
+    """Inputs, the op under test and its float64 reference, for one norm."""
+
+    def __init__(self, name, params, absent_ok, make, run, reference):
+        self.name, self.params, self.absent_ok = name, params, absent_ok
+        self.make, self.run, self.reference = make, run, reference
+
+
+def _rms_make(shape, dtype):
+    N = shape[-1]
+    return {"x": randn(*shape, dtype=dtype, shift=0.5), "weight": randn(N, dtype=dtype, shift=1.0)}
+
+
+def _fadd_make(shape, dtype):
+    d = _rms_make(shape, dtype)
+    d["residual"] = randn(*shape, dtype=dtype)
+    return d
+
+
+def _ln_make(shape, dtype):
+    N = shape[-1]
+    return {"x": randn(*shape, dtype=dtype, scale=2.0, shift=3.0), "weight": randn(N, dtype=dtype, shift=1.0),
+            "bias": randn(N, dtype=dtype)}
+
+
+def _gn_make(shape, dtype):
+    C = shape[1]
+    return {"x": randn(*shape, dtype=dtype, scale=2.0, shift=1.0), "weight": randn(C, dtype=dtype, shift=1.0),
+            "bias": randn(C, dtype=dtype)}
+
+
+def _poly_make(shape, dtype):
+    return {"x": randn(*shape, dtype=dtype), "weight": randn(3, dtype=dtype, scale=0.5, shift=0.3),
+            "bias": randn(1, dtype=dtype)}
+
+
+OPS = {
+    "rms": Op("rms", ["weight"], True, _rms_make,
+              lambda d, **k: fn.rms_norm(d["x"], d["x"].shape[-1:], d["weight"], 1e-5, **k),
+              lambda d, **k: fn.rms_norm_reference(d["x"], d["x"].shape[-1:], d["weight"], 1e-5, **k)),
+    "fadd": Op("fadd", ["weight"], True, _fadd_make,
+               lambda d, **k: fn.fused_add_rms_norm(d["x"], d["residual"], d["weight"], 1e-5, **k),
+               lambda d, **k: _fadd_reference(d, **k)),
+    "ln": Op("ln", ["weight", "bias"], True, _ln_make,
+             lambda d: fn.layer_norm(d["x"], d["x"].shape[-1:], d["weight"], d["bias"]),
+             lambda d: fn.layer_norm_reference(d["x"], d["x"].shape[-1:], d["weight"], d["bias"])),
+    "gn": Op("gn", ["weight", "bias"], True, _gn_make,
+             lambda d: fn.group_norm(d["x"], d["groups"], d["weight"], d["bias"]),
+             lambda d: fn.group_norm_reference(d["x"], d["groups"], d["weight"], d["bias"])),
+    "poly": Op("poly", ["weight", "bias"], False, _poly_make,
+               lambda d: fn.poly_norm(d["x"], d["weight"], d["bias"]),
+               lambda d: fn.poly_norm_reference(d["x"], d["weight"], d["bias"])),
+}
+
+
+def _fadd_reference(d, offset=0.0):
+    # s is rounded to x's dtype, as the kernel (and a transformer block) does.
+    s = (d["x"] + d["residual"]).to(d["dtype"]).to(torch.float64)
+    return fn.rms_norm_reference(s, s.shape[-1:], d["weight"], 1e-5, offset), s
+
+
+def input_names(op):
+    return ["x", "residual"] if op.name == "fadd" else ["x"]
+
+
+def freeze_patterns(op):
+    """Every combination: each parameter trained, frozen or absent; each input with or without grad."""
+    param_states = [TRAIN, FROZEN] + ([ABSENT] if op.absent_ok else [])
+    for params in itertools.product(param_states, repeat=len(op.params)):
+        for inputs in itertools.product([True, False], repeat=len(input_names(op))):
+            yield dict(zip(op.params, params)), dict(zip(input_names(op), inputs))
+
+
+def pattern_id(params, inputs):
+    p = "-".join(f"{k[0]}:{v}" for k, v in params.items())
+    i = "-".join(f"d{k[0]}" if v else f"no-d{k[0]}" for k, v in inputs.items())
+    return f"{p}-{i}"
+
+
+def prepare(op, shape, dtype, params, inputs, groups=None, param_dtype=None):
+    """Inputs for one test: leaves with the requested requires_grad, absent params None."""
+    d = op.make(shape, dtype)
+    for name in op.params:
+        if params[name] == ABSENT:
+            d[name] = None
+        else:
+            if param_dtype is not None:
+                d[name] = d[name].to(param_dtype)
+            d[name].requires_grad_(params[name] == TRAIN)
+    for name, needs in inputs.items():
+        d[name].requires_grad_(needs)
+    d["groups"], d["dtype"] = groups, dtype
+    return d
+
+
+def reference_of(op, d, **kw):
+    """Float64 copies of the inputs and the reference outputs computed from them."""
+    d64 = dict(d)
+    for k, v in d.items():
+        if isinstance(v, torch.Tensor):
+            d64[k] = v.detach().to("cpu", torch.float64).requires_grad_(v.requires_grad)
+    out = op.reference(d64, **kw)
+    return d64, (out if isinstance(out, tuple) else (out,))
+
+
+def grad_outputs(outs):
+    return [randn(*o.shape, dtype=o.dtype) for o in outs]
+
+
+def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, **kw):
+    """Forward and backward of one configuration against float64; returns the inputs used."""
+    d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
+    outs = op.run(d, **kw)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    d64, refs = reference_of(op, d, **kw)
+    tol = TOLERANCE[dtype]
+    for out, ref in zip(outs, refs):
+        assert out.dtype == dtype and out.shape == d["x"].shape
+        assert rel_error(out, ref) < tol, f"output error {rel_error(out, ref):.2e}"
+    leaves = [k for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    if not leaves:
+        assert not any(o.requires_grad for o in outs)
+        return d
+    assert [o.requires_grad for o in outs] == [r.requires_grad for r in refs]
+    outs, refs = zip(*[(o, r) for o, r in zip(outs, refs) if o.requires_grad])
+    dys = grad_outputs(outs)
+    torch.autograd.backward(outs, dys)
+    torch.autograd.backward(refs, [dy.to("cpu", torch.float64) for dy in dys])
+    for k, v in d.items():
+        if not isinstance(v, torch.Tensor) or k == "groups":
+            continue
+        if v.requires_grad:
+            assert v.grad is not None, f"{k}.grad missing"
+            assert v.grad.dtype == v.dtype and v.grad.shape == v.shape
+            err = rel_error(v.grad, d64[k].grad)
+            # a gradient is rounded to its own dtype, which may be coarser than x's
+            assert err < 2 * max(tol, TOLERANCE[v.dtype]), f"d{k} error {err:.2e}"
+        else:
+            assert v.grad is None, f"frozen {k} got a gradient"
+    return d
+
+
+# ----------------------------------------------------------------------------
+# Correctness: op x dtype x shape x every freeze pattern
+# ----------------------------------------------------------------------------
+
+# Shapes for the full freeze-pattern sweep: rows that are no multiple of any
+# tile, a 3-D input, and (GroupNorm) no spatial dims, and a row split over
+# programs (B * G below the interpreter's SM count).
+ROW_SHAPES = [(37, 100), (3, 5, 129)]
+GROUP_SHAPES = [((2, 6, 5, 7), 3), ((1, 8, 9), 2), ((5, 24), 3)]
+
+
+def _sweep():
+    for name, op in OPS.items():
+        shapes = GROUP_SHAPES if name == "gn" else [(s, None) for s in ROW_SHAPES]
+        for (shape, groups), dtype, (params, inputs) in itertools.product(shapes, DTYPES, freeze_patterns(op)):
+            yield pytest.param(name, shape, groups, dtype, params, inputs,
+                               id=f"{name}-{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{pattern_id(params, inputs)}")
+
+
+@pytest.mark.parametrize("name, shape, groups, dtype, params, inputs", list(_sweep()))
+def test_freeze_patterns(name, shape, groups, dtype, params, inputs):
+    check_op(OPS[name], shape, dtype, params, inputs, groups)
+
+
+ALL_TRAIN = {"rms": {"weight": TRAIN}, "fadd": {"weight": TRAIN}, "ln": {"weight": TRAIN, "bias": TRAIN},
+             "gn": {"weight": TRAIN, "bias": TRAIN}, "poly": {"weight": TRAIN, "bias": TRAIN}}
+ALL_FROZEN = {k: {p: FROZEN for p in v} for k, v in ALL_TRAIN.items()}
+
+
+def _with_grads(name):
+    return {k: True for k in input_names(OPS[name])}
+
+
+# Larger and odd shapes, with all parameters trained and all frozen: rows far
+# past one block (the chunked two-pass path), 4-D, one row, many short rows.
+BIG_ROW_SHAPES = [(3, 70001), (2, 3, 4, 64), (1, 7), (1031, 33)]
+BIG_GROUP_SHAPES = [((2, 4, 130, 131), 2), ((2, 4, 3, 4, 5), 2), ((1, 64, 3, 3), 1)]
+
+
+def _big():
+    for name in OPS:
+        shapes = BIG_GROUP_SHAPES if name == "gn" else [(s, None) for s in BIG_ROW_SHAPES]
+        for (shape, groups), dtype, mode in itertools.product(shapes, DTYPES, ["train", "frozen"]):
+            yield pytest.param(name, shape, groups, dtype, mode,
+                               id=f"{name}-{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{mode}")
+
+
+@pytest.mark.parametrize("name, shape, groups, dtype, mode", list(_big()))
+def test_shapes(name, shape, groups, dtype, mode):
+    params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
+    check_op(OPS[name], shape, dtype, params, _with_grads(name), groups)
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
+@pytest.mark.parametrize("mode", ["train", "frozen"])
+def test_chunked_rows(name, mode, monkeypatch):
+    """The two-pass path (rows longer than ROW_BLOCK_MAX) at a small, cheap size."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "TRAIN_ROW_BLOCK_MAX", 64)
+    params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
+    check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
+
+
+@pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                                              (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("name", list(OPS))
+def test_mixed_dtypes(name, x_dtype, p_dtype):
+    """x, weight and bias in different dtypes; each gradient in its own input's dtype."""
+    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    check_op(OPS[name], shape, x_dtype, ALL_TRAIN[name], _with_grads(name), groups, param_dtype=p_dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_rms_offset(dtype):
+    """Gemma's (1 + w) scaling, plain and fused."""
+    check_op(OPS["rms"], (37, 100), dtype, {"weight": TRAIN}, {"x": True}, offset=1.0)
+    check_op(OPS["fadd"], (37, 100), dtype, {"weight": TRAIN}, {"x": True, "residual": True}, offset=1.0)
+
+
+def test_layer_norm_large_mean():
+    """A large mean over a small spread: the variance must not cancel away."""
+    x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
+    check = fn.layer_norm(x, (3000,))
+    ref = fn.layer_norm_reference(x.detach().double().cpu(), (3000,))
+    assert rel_error(check, ref) < 1e-3
+
+
+# ----------------------------------------------------------------------------
+# Frozen means free: what the backward allocates
+# ----------------------------------------------------------------------------
+
+def backward_allocations(op, shape, groups, params, inputs):
+    """Bytes of every tensor created during the backward, and the bytes of the gradients it returns."""
+    from bench_frozen_norm import Recording, recording
+    d = prepare(op, shape, torch.float32, params, inputs, groups)
+    outs = op.run(d)
+    outs = [o for o in (outs if isinstance(outs, tuple) else (outs,)) if o.requires_grad]
+    dys = grad_outputs(outs)
+    wanted = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    with recording(launch=True) as rec:
+        grads = torch.autograd.grad(outs, wanted, dys)
+    assert isinstance(rec, Recording)
+    returned = {g.data_ptr(): g.numel() * g.element_size() for g in grads}   # dx = dr counts once
+    return rec, sum(returned.values())
+
+
+def _alloc_cases():
+    for name in OPS:
+        shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+        yield pytest.param(name, shape, groups, id=name)
+
+
+@pytest.mark.parametrize("name, shape, groups", list(_alloc_cases()))
+def test_frozen_backward_allocates_only_input_grads(name, shape, groups):
+    op = OPS[name]
+    rec, grad_bytes = backward_allocations(op, shape, groups, ALL_FROZEN[name], _with_grads(name))
+    assert rec.allocated_bytes == grad_bytes, rec.allocations
+    # And the trainable backward does allocate scratch besides its gradients, so
+    # this test would fail if the frozen one did too.
+    rec, grad_bytes = backward_allocations(op, shape, groups, ALL_TRAIN[name], _with_grads(name))
+    scratch = rec.allocated_bytes - grad_bytes
+    min_scratch = {"gn": 2 * shape[0] * shape[1] * 4, "poly": 4 * 4}.get(name, shape[-1] * 4)
+    assert scratch >= min_scratch, rec.allocations
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_deterministic(name):
+    """The same inputs give bitwise-identical outputs and gradients, run after run."""
+    op = OPS[name]
+    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((300, 100), None)
+    torch.manual_seed(1)
+    d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
+    wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    results = []
+    for _ in range(3):
+        outs = op.run(d)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        torch.manual_seed(2)
+        results.append(list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs))))
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+
+
+# ----------------------------------------------------------------------------
+# Bad input: a clear error before any kernel launches
+# ----------------------------------------------------------------------------
+
+def _x(*shape, dtype=torch.float32):
+    return randn(*shape, dtype=dtype)
+
+
+BAD_INPUTS = [
+    ("weight shape", lambda: fn.rms_norm(_x(4, 8), (8,), _x(7)), ValueError, "weight must have shape"),
+    ("weight dtype", lambda: fn.layer_norm(_x(4, 8), (8,), torch.ones(8, dtype=torch.int32, device=DEVICE)),
+     TypeError, "weight must be float32"),
+    ("bias shape", lambda: fn.layer_norm(_x(4, 8), (8,), _x(8), _x(8, 1)), ValueError, "bias must have shape"),
+    ("weight device", lambda: fn.rms_norm(_x(4, 8), (8,), torch.ones(8, device="meta")), ValueError,
+     "weight is on meta"),
+    ("int x", lambda: fn.rms_norm(torch.ones(4, 8, dtype=torch.int64, device=DEVICE), (8,)), TypeError,
+     "x must be float32"),
+    ("float64 x", lambda: fn.layer_norm(_x(4, 8).double(), (8,)), TypeError, "float64 is not supported"),
+    ("not a tensor", lambda: fn.rms_norm([[1.0, 2.0]], (2,)), TypeError, "x must be a torch.Tensor"),
+    ("normalized_shape", lambda: fn.layer_norm(_x(4, 8), (4,)), ValueError, "normalized_shape"),
+    ("normalized_shape empty", lambda: fn.rms_norm(_x(4, 8), ()), ValueError, "normalized_shape"),
+    ("groups", lambda: fn.group_norm(_x(2, 6, 3), 4), ValueError, "num_groups must be a positive int dividing"),
+    ("groups zero", lambda: fn.group_norm(_x(2, 6, 3), 0), ValueError, "num_groups"),
+    ("group dims", lambda: fn.group_norm(_x(6), 3), ValueError, "at least 2 dims"),
+    ("group weight", lambda: fn.group_norm(_x(2, 6, 3), 3, _x(3)), ValueError, "weight must have shape"),
+    ("residual shape", lambda: fn.fused_add_rms_norm(_x(4, 8), _x(4, 9)), ValueError, "residual must have"),
+    ("residual dtype", lambda: fn.fused_add_rms_norm(_x(4, 8), _x(4, 8, dtype=torch.bfloat16)), ValueError,
+     "residual must have"),
+    ("poly weight", lambda: fn.poly_norm(_x(4, 8), _x(2), _x(1)), ValueError, "weight must have shape"),
+    ("poly bias", lambda: fn.poly_norm(_x(4, 8), _x(3), _x(2)), ValueError, "bias must have shape"),
+    ("poly no bias", lambda: fn.poly_norm(_x(4, 8), _x(3), None), TypeError, "bias must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", [pytest.param(*c[1:], id=c[0]) for c in BAD_INPUTS])
+def test_bad_input(call, error, message, monkeypatch):
+    launched = []
+    for name in ("_row_norm_fwd_kernel", "_group_norm_fwd_kernel", "_poly_norm_fwd_kernel"):
+        monkeypatch.setattr(fn, name, type("NoLaunch", (), {"__getitem__": lambda s, g: launched.append(g)})())
+    with pytest.raises(error, match=message):
+        call()
+    assert not launched
+
+
+def test_cpu_tensor_without_interpreter(monkeypatch):
+    """A CPU tensor when Triton's interpreter is off: the message says how to run on the CPU."""
+    monkeypatch.setattr(fn, "_interpreting", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        fn.rms_norm(torch.randn(4, 8), (8,))
+
+
+# ----------------------------------------------------------------------------
+# Edge cases
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_empty_batch(name):
+    """Zero rows: empty output, empty dx, zero parameter gradients."""
+    op = OPS[name]
+    shape, groups = ((0, 6, 5), 3) if name == "gn" else ((0, 16), None)
+    d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
+    outs = op.run(d)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    assert all(o.shape == d["x"].shape for o in outs)
+    sum(o.sum() for o in outs).backward()
+    assert d["x"].grad.shape == d["x"].shape
+    assert all(torch.equal(d[p].grad, torch.zeros_like(d[p])) for p in op.params)
+
+
+def test_rms_norm_single_element_rows():
+    """N = 1: y = x / sqrt(x^2 + eps) * w."""
+    x = randn(9, 1, shift=0.5).requires_grad_()
+    w = randn(1, shift=1.0).requires_grad_()
+    y = fn.rms_norm(x, (1,), w, 1e-5)
+    ref = fn.rms_norm_reference(x.detach().double().cpu(), (1,), w.detach().double().cpu(), 1e-5)
+    assert rel_error(y, ref) < 1e-5
+    y.sum().backward()
+    x64, w64 = x.detach().double().cpu().requires_grad_(), w.detach().double().cpu().requires_grad_()
+    fn.rms_norm_reference(x64, (1,), w64, 1e-5).sum().backward()
+    assert rel_error(w.grad, w64.grad) < 1e-5
+    assert torch.allclose(x.grad.double().cpu(), x64.grad, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded_dy"])
+def test_non_contiguous(name, layout):
+    """Non-contiguous inputs (transposed, sliced rows) and gradients (expanded, as from .sum())."""
+    op = OPS[name]
+    d = prepare(op, (2, 6, 5, 7) if name == "gn" else (37, 100), torch.float32, ALL_TRAIN[name],
+                {k: False for k in input_names(op)}, 3 if name == "gn" else None)
+    for k in input_names(op):
+        base = d[k].detach()
+        if layout == "transposed":
+            view = base.transpose(0, -1).contiguous().transpose(0, -1)
+        elif layout == "sliced":
+            view = torch.cat([base, base[..., :3]], dim=-1)[..., : base.shape[-1]]
+        else:
+            view = base.clone()
+        if layout != "expanded_dy":
+            assert not view.is_contiguous()
+        d[k] = view.requires_grad_()
+    outs = op.run(d)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    d64, refs = reference_of(op, d)
+    for out, ref in zip(outs, refs):
+        assert rel_error(out, ref) < 1e-5
+    loss = sum(o.sum() for o in outs) if layout == "expanded_dy" else sum((o * o).sum() for o in outs)
+    loss64 = sum(r.sum() for r in refs) if layout == "expanded_dy" else sum((r * r).sum() for r in refs)
+    loss.backward()
+    loss64.backward()
+    for k, v in d.items():
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            assert rel_error(v.grad, d64[k].grad) < 2e-5, k
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_nan_stays_in_its_row(name):
+    """A NaN or inf in one row (GroupNorm: one sample's group) leaves every other row untouched."""
+    op = OPS[name]
+    shape, groups = ((3, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    d = prepare(op, shape, torch.float32, ALL_FROZEN[name], _with_grads(name), groups)
+    x = d["x"].detach().clone()
+    x[1, 0] = float("nan")
+    x[2, 0] = float("inf")
+    d["x"] = x.requires_grad_()
+    outs = op.run(d)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    sum((o * o).sum() for o in outs).backward()
+    clean = [0] + list(range(3, shape[0]))
+    if name == "gn":   # rows 1 and 2 hold the bad values in their first group only
+        clean_x = torch.cat([x[:1], x[3:]]) if shape[0] > 3 else x[:1]
+        assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1, 2:]).all()
+        assert torch.isfinite(d["x"].grad[0]).all()
+        del clean_x
+    else:
+        assert torch.isfinite(outs[0][clean]).all()
+        assert torch.isfinite(d["x"].grad[clean]).all()
+        assert not torch.isfinite(outs[0][1]).any()
+
+
+# ----------------------------------------------------------------------------
+# Autograd behaviour
+# ----------------------------------------------------------------------------
+
+def test_toggle_requires_grad_between_steps():
+    """Freeze and unfreeze between steps: each step gets exactly the gradients asked for."""
+    m = fn.LayerNorm(100).to(DEVICE)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.uniform_(-0.5, 0.5)
+    ref = torch.nn.LayerNorm(100, dtype=torch.float64)
+    for step, (w_on, b_on) in enumerate([(True, True), (False, True), (False, False), (True, False), (True, True)]):
+        m.weight.requires_grad_(w_on)
+        m.bias.requires_grad_(b_on)
+        m.zero_grad(set_to_none=True)
+        x = randn(37, 100).requires_grad_()
+        m(x).pow(2).sum().backward()
+        ref.load_state_dict({k: v.double().cpu() for k, v in m.state_dict().items()})
+        ref.zero_grad(set_to_none=True)
+        x64 = x.detach().double().cpu().requires_grad_()
+        ref(x64).pow(2).sum().backward()
+        assert rel_error(x.grad, x64.grad) < 1e-5
+        for p, p64, on in [(m.weight, ref.weight, w_on), (m.bias, ref.bias, b_on)]:
+            assert (p.grad is not None) == on, step
+            if on:
+                assert rel_error(p.grad, p64.grad) < 1e-5
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_gradients_accumulate(name):
+    op = OPS[name]
+    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
+    first = None
+    for _ in range(2):
+        outs = op.run(d)
+        sum(o.pow(2).sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
+        if first is None:
+            first = {k: v.grad.clone() for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad}
+    for k, g in first.items():
+        assert torch.allclose(d[k].grad, 2 * g, rtol=1e-5, atol=1e-6), k
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_double_backward_raises(name):
+    op = OPS[name]
+    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
+    outs = op.run(d)
+    loss = sum(o.pow(2).sum() for o in (outs if isinstance(outs, tuple) else (outs,)))
+    (gx,) = torch.autograd.grad(loss, [d["x"]], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()
+
+
+def test_checkpoint():
+    """Inside torch.utils.checkpoint: the forward runs twice, the gradients match."""
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), fn.RMSNorm(64), torch.nn.Linear(64, 64), fn.LayerNorm(64))
+    m = m.to(DEVICE)
+    x = randn(33, 64).requires_grad_()
+    m(x).pow(2).sum().backward()
+    plain = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
+    m.zero_grad()
+    x.grad = None
+    torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False).pow(2).sum().backward()
+    for a, b in zip(plain, [p.grad for p in m.parameters()] + [x.grad]):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_autocast_keeps_input_dtype():
+    """Under autocast the norm computes in fp32 internally and returns x's dtype.
+
+    torch's own layer_norm returns fp32 under autocast; the values agree.
+    """
+    m = torch.nn.Sequential(torch.nn.Linear(256, 256), fn.LayerNorm(256), torch.nn.Linear(256, 256)).cuda()
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        h = m[0](x)
+        y = m[1](h)
+        ref = torch.nn.functional.layer_norm(h, (256,), m[1].weight, m[1].bias)
+        out = m[2](y)
+    assert h.dtype == torch.bfloat16 and y.dtype == torch.bfloat16 and ref.dtype == torch.float32
+    assert rel_error(y, ref) < 1e-2
+    out.float().pow(2).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@gpu
+def test_torch_compile_matches_eager():
+    """torch.compile of a model using these modules runs and gives eager's gradients (a graph break per norm)."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(128, 128), fn.RMSNorm(128), torch.nn.GELU(), torch.nn.Linear(128, 128),
+                            fn.LayerNorm(128)).cuda()
+    x = torch.randn(64, 128, device="cuda", requires_grad=True)
+    m(x).pow(2).sum().backward()
+    eager = [p.grad.clone() for p in m.parameters()] + [x.grad.clone()]
+    m.zero_grad()
+    x.grad = None
+    torch.compile(m)(x).pow(2).sum().backward()
+    for a, b in zip(eager, [p.grad for p in m.parameters()] + [x.grad]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@gpu
+@pytest.mark.parametrize("name", ["rms", "ln", "fadd", "poly"])
+def test_huge_hidden_size(name):
+    """262,144 elements per row: far past one block, still exact."""
+    check_op(OPS[name], (5, 262144), torch.bfloat16, ALL_TRAIN[name], _with_grads(name))
+    check_op(OPS[name], (5, 262144), torch.bfloat16, ALL_FROZEN[name], _with_grads(name))
+
+
+@gpu
+def test_more_than_2_31_elements():
+    """A bf16 input of 2^31 + 4096 elements: offsets must be 64-bit. Rows at both ends are checked."""
+    N = 4096
+    M = 2**31 // N + 1
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    x[-1] += 3.0
+    w = (torch.rand(N, device="cuda") + 0.5).to(torch.bfloat16).requires_grad_()
+    xg = x.requires_grad_()
+    y = fn.rms_norm(xg, (N,), w, 1e-6)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    for rows in (slice(0, 2), slice(M - 2, M)):
+        x64 = x[rows].detach().double().requires_grad_()
+        w64 = w.detach().double().requires_grad_()
+        r = fn.rms_norm_reference(x64, (N,), w64, 1e-6)
+        r.backward(dy[rows].double())
+        assert rel_error(y[rows], r) < 1e-2
+        assert rel_error(xg.grad[rows], x64.grad) < 2e-2
+    assert torch.isfinite(w.grad).all()
+    del x, y, dy
+
+
+# ----------------------------------------------------------------------------
+# Modules and replace_norms
+# ----------------------------------------------------------------------------
+
+def test_modules_are_drop_in():
+    """Same constructor arguments, parameter names and state_dict as torch.nn."""
+    pairs = [(torch.nn.LayerNorm(16, eps=1e-3, bias=False), fn.LayerNorm(16, eps=1e-3, bias=False)),
+             (torch.nn.RMSNorm([4, 8], eps=1e-4), fn.RMSNorm([4, 8], eps=1e-4)),
+             (torch.nn.GroupNorm(4, 8, affine=False), fn.GroupNorm(4, 8, affine=False))]
+    for ref, ours in pairs:
+        assert ref.state_dict().keys() == ours.state_dict().keys()
+        ours.load_state_dict(ref.state_dict())
+        assert isinstance(ours, type(ref))
+    assert fn.PolyNorm().weight.tolist() == pytest.approx([1 / 3] * 3) and fn.PolyNorm().bias.tolist() == [1.0]
+    fa = fn.FusedAddRMSNorm(8, offset=1.0)
+    assert torch.equal(fa.weight, torch.zeros(8))
+
+
+class LlamaRMSNorm(torch.nn.Module):
+    """A Hugging Face-style RMSNorm (computes in fp32, casts back, then scales)."""
+
+    def __init__(self, hidden, eps=1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+        self.variance_epsilon = eps
+
+    def forward(self, h):
+        dtype = h.dtype
+        h = h.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+
+class GemmaRMSNorm(LlamaRMSNorm):
+    def forward(self, h):
+        return (1.0 + self.weight) * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+class OddRMSNorm(LlamaRMSNorm):
+    """Named like an RMSNorm, but eps sits outside the square root: not equivalent."""
+
+    def forward(self, h):
+        return self.weight * h / (h.pow(2).mean(-1, keepdim=True).sqrt() + self.variance_epsilon)
+
+
+class MyLayerNorm(torch.nn.LayerNorm):
+    """A subclass may change forward: left alone."""
+
+
+def test_replace_norms():
+    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.ModuleList([LlamaRMSNorm(32), GemmaRMSNorm(32)]),
+                                torch.nn.GroupNorm(4, 32), torch.nn.RMSNorm(32), OddRMSNorm(32), MyLayerNorm(32),
+                                torch.nn.Linear(32, 32)).to(DEVICE)
+    model[0].weight.requires_grad_(False)
+    params = {name: p for name, p in model.named_parameters()}
+    keys = model.state_dict().keys()
+    x = randn(6, 32)
+    run = lambda: [model[0](x), model[1][0](x), model[1][1](x), model[2](x[..., None]), model[3](x)]  # noqa: E731
+    before = run()
+    assert fn.replace_norms(model) == 5
+    assert type(model[0]) is fn.LayerNorm and type(model[1][0]) is fn.RMSNorm and type(model[1][1]) is fn.RMSNorm
+    assert model[1][1].offset == 1.0 and model[1][0].offset == 0.0
+    assert type(model[2]) is fn.GroupNorm and type(model[3]) is fn.RMSNorm
+    assert type(model[4]) is OddRMSNorm and type(model[5]) is MyLayerNorm
+    assert all(p is params[name] for name, p in model.named_parameters())
+    assert model.state_dict().keys() == keys and not model[0].weight.requires_grad
+    after = run()
+    for a, b in zip(before, after):
+        assert rel_error(b, a) < 1e-5
+    assert fn.replace_norms(model) == 0   # idempotent
+
+
+# ----------------------------------------------------------------------------
+# Dead-code elimination: the compiled kernels (selected by -k dce)
+# ----------------------------------------------------------------------------
+
+def _has_cuda_backend():
+    try:
+        import triton.backends
+        return "nvidia" in triton.backends.backends
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def dce_report(tmp_path_factory):
+    """bench_frozen_norm.py --dce-json, in a child process: the interpreter must be off to compile."""
+    if not _has_cuda_backend():
+        pytest.skip("this Triton has no CUDA backend to compile for")
+    path = tmp_path_factory.mktemp("dce") / "dce.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(here, "bench_frozen_norm.py"), "--dce-json", str(path)],
+                   env=env, check=True, cwd=here)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_dce_flag_removes_scratch_stores(dce_report, name):
+    """Compiled for sm_90 with one flag off and its scratch pointer still passed: that
+    pointer gets no store (PolyNorm's dw and db share one buffer: fewer stores)."""
+    entry = dce_report["ops"][name]
+    trainable = entry["variants"]["trainable"]
+    target = {"COMPUTE_DW": "DWp", "COMPUTE_DB": "DBp"}
+    assert entry["flips"], "no flag was tested"
+    for flag, flipped in entry["flips"].items():
+        pointer = "Partial" if name == "poly" else target[flag]
+        assert trainable["stores_by_arg"].get(pointer, 0) > 0, (flag, trainable["stores_by_arg"])
+        if name == "poly":
+            assert flipped["stores_by_arg"].get(pointer, 0) < trainable["stores_by_arg"][pointer], flag
+        else:
+            assert flipped["stores_by_arg"].get(pointer, 0) == 0, (flag, flipped["stores_by_arg"])
+        assert flipped["st_global"] < trainable["st_global"], flag
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_dce_frozen_variant(dce_report, name):
+    """The launched frozen variant: fewer global stores and launches, no scratch, no atomics anywhere."""
+    variants = dce_report["ops"][name]["variants"]
+    frozen = variants["all frozen" if "all frozen" in variants else "frozen w"]
+    trainable = variants["trainable"]
+    assert frozen["st_global"] < trainable["st_global"]
+    assert frozen["launches"] < trainable["launches"] and frozen["launches"] == 1
+    assert frozen["scratch_bytes"] == 0 < trainable["scratch_bytes"]
+    assert not {"DWp", "DBp", "Partial"} & set(frozen["stores_by_arg"])
+    assert all(v["any_atomics"] == 0 for v in variants.values())
