@@ -55,7 +55,7 @@ EPS = 1e-6
 def make_inputs(op, size, dtype, device, trainable):
     """Fresh random inputs (never zeros) for one op and size; x always requires grad."""
     def rnd(*shape, shift=0.0, grad=False):
-        return (torch.randn(*shape, device=device, dtype=torch.float32) + shift).to(dtype).requires_grad_(grad)
+        return (torch.randn(shape, device=device, dtype=torch.float32) + shift).to(dtype).requires_grad_(grad)
     if op == "gn":
         B, C, H, W, G = size
         return {"x": rnd(B, C, H, W, grad=True), "weight": rnd(C, shift=1.0, grad=trainable),
@@ -228,29 +228,29 @@ def validate(op, size, dtype):
         raise AssertionError(f"{op} {size}: relative difference to eager {worst:.2e} > {limit}")
 
 
-def lora_case(dtype, rep, M=8192, H=4096, rank=16):
+def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
     """An RMSNorm feeding a LoRA linear: base weight frozen, rank-16 A and B trained."""
     import triton.testing
     F = torch.nn.functional
     rows = []
-    x = torch.randn(M, H, device="cuda", dtype=dtype, requires_grad=True)
-    base = (torch.randn(H, H, device="cuda") / H**0.5).to(dtype)
-    A = (torch.randn(rank, H, device="cuda") / H**0.5).to(dtype).requires_grad_()
-    B = (torch.randn(H, rank, device="cuda") / rank**0.5).to(dtype).requires_grad_()
-    dy = torch.randn(M, H, device="cuda", dtype=dtype)
+    x = torch.randn(M, H, device=device, dtype=dtype, requires_grad=True)
+    base = (torch.randn(H, H, device=device) / H**0.5).to(dtype)
+    A = (torch.randn(rank, H, device=device) / H**0.5).to(dtype).requires_grad_()
+    B = (torch.randn(H, rank, device=device) / rank**0.5).to(dtype).requires_grad_()
+    dy = torch.randn(M, H, device=device, dtype=dtype)
     norms = {"ours": lambda h, w: fn.rms_norm(h, (H,), w, EPS), "eager": lambda h, w: F.rms_norm(h, (H,), w, EPS)}
     for provider, norm in norms.items():
         for mode in ("train", "frozen"):
-            w = (torch.randn(H, device="cuda") + 1).to(dtype).requires_grad_(mode == "train")
-            wanted = [x, A, B] + ([w] if mode == "train" else [])
+            w = (torch.randn(H, device=device) + 1).to(dtype).requires_grad_(mode == "train")
+            trained = [w] if mode == "train" else []
 
             def block():
                 h = norm(x, w)
                 y = F.linear(h, base) + F.linear(F.linear(h, A), B)
-                return torch.autograd.grad(y, wanted, dy)
+                return torch.autograd.grad(y, [x, A, B] + trained, dy)
 
             def norm_only():
-                return torch.autograd.grad(norm(x, w), [x] + ([w] if mode == "train" else []), dy)
+                return torch.autograd.grad(norm(x, w), [x] + trained, dy)
             t_block = triton.testing.do_bench(block, rep=rep, return_mode="median")
             t_norm = triton.testing.do_bench(norm_only, rep=rep, return_mode="median")
             rows.append({"provider": provider, "mode": mode, "block_ms": t_block, "norm_ms": t_norm,
@@ -645,6 +645,8 @@ def parse_sizes(text):
 
 
 def commit():
+    if os.environ.get("BENCH_COMMIT"):   # a copy of the tree without its git history
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
@@ -659,7 +661,7 @@ def run_on_gpu(args):
     row_sizes, group_sizes = (QUICK_ROW_SIZES, QUICK_GROUP_SIZES) if args.quick else (ROW_SIZES, GROUP_SIZES)
     if args.sizes:
         row_sizes, group_sizes = parse_sizes(args.sizes)
-    rep = 40 if args.quick else 100
+    rep = 40 if args.quick else 60   # ms of timed calls per median: 60+ samples at 1 ms a call
     providers = [p for p in args.providers.split(",") if not (p == "compile" and (args.quick or args.no_compile))]
     try:
         import liger_kernel
@@ -674,11 +676,17 @@ def run_on_gpu(args):
     copy_GBps = copy_bandwidth("cuda", rep)
     print(f"device-to-device copy: {copy_GBps:.0f} GB/s (read + write)", flush=True)
     rows = []
+    csv_file = open(args.csv, "w", newline="") if args.csv else None
+    writer = csv.DictWriter(csv_file, fieldnames=list(Row.__dataclass_fields__)) if csv_file else None
+    if writer:
+        writer.writeheader()
     for op in ops:
         for size in (group_sizes if op == "gn" else row_sizes):
             try:
                 validate(op, size, dtype)
-            except torch.OutOfMemoryError:
+            except Exception as e:   # a wrong result is reported, not timed
+                rows.append(Row(op, "ours", size_label(op, size), "-", note=f"NOT TIMED: {type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:100] if str(e) else ''}"))
                 continue
             for provider in providers:
                 for mode in ("train", "frozen"):
@@ -688,6 +696,9 @@ def run_on_gpu(args):
                         rows.append(Row(op, provider, size_label(op, size), mode, note=f"{type(e).__name__}: "
                                         f"{str(e).splitlines()[0][:80] if str(e) else ''}"))
                     torch.cuda.empty_cache()
+            if writer:   # written as we go: a cut-short run keeps what it measured
+                writer.writerows(r.__dict__ for r in rows if r.op == op and r.size == size_label(op, size))
+                csv_file.flush()
             print(f"  done {op} {size_label(op, size)}", file=sys.stderr, flush=True)
     print_table(rows, args.dtype, copy_GBps)
     lora = [] if args.quick or "eager" not in providers else lora_case(dtype, rep)
@@ -699,12 +710,8 @@ def run_on_gpu(args):
                   f"norm alone {r['norm_ms']:.3f} ms ({r['norm_share_pct']:.1f}% of the block)")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": commit(), "dtype": args.dtype, "copy_GBps": copy_GBps}
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(Row.__dataclass_fields__))
-            w.writeheader()
-            for r in rows:
-                w.writerow(r.__dict__)
+    if csv_file:
+        csv_file.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": [r.__dict__ for r in rows], "lora": lora}, f, indent=1)

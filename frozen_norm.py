@@ -1062,14 +1062,18 @@ def _group_norm_bwd_kernel(
         sum_g = sum_xhat_g
         for c0 in range(c_lo, c_hi, BLOCK_C):
             c = c0 + tl.arange(0, BLOCK_C)
-            A = tl.zeros([BLOCK_C], dtype=tl.float32)
-            D = tl.zeros([BLOCK_C], dtype=tl.float32)
+            # Accumulate whole tiles and reduce once after the loop: cheaper than a
+            # reduction per tile (and Triton 3.6 fails to compile the latter here).
+            A_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+            D_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
             for h0 in range(0, HW, BLOCK_HW):
                 offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
                 x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
-                A += tl.sum(dy * tl.where(mask, (x - mean) * rstd, 0.0), axis=1)
-                D += tl.sum(dy, axis=1)
+                A_tile += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+                D_tile += dy
+            A = tl.sum(A_tile, axis=1)
+            D = tl.sum(D_tile, axis=1)
             if HAS_W:
                 w = tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)
                 A_w = A * w
