@@ -154,6 +154,11 @@ def _warps_for(elements: int) -> int:
     return max(MIN_WARPS, min(MAX_WARPS, elements // (32 * ELEMENTS_PER_THREAD)))
 
 
+def _pow2(n: int) -> int:
+    """Smallest power of two >= n (triton.next_power_of_2, without its call overhead)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 class _RowTiling(NamedTuple):
     """How the row kernels cut an (M, N) tensor into [ROWS, BLOCK_N] tiles."""
     rows: int        # rows per tile (a power of two)
@@ -164,11 +169,14 @@ class _RowTiling(NamedTuple):
 
 
 def _row_tiling(M: int, N: int, block_max: Optional[int] = None) -> _RowTiling:
-    block_n = min(triton.next_power_of_2(N), block_max or ROW_BLOCK_MAX)
+    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, TILE_ELEMENTS, ELEMENTS_PER_THREAD)
+
+
+@functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
+def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread):
+    block_n = min(_pow2(N), block_max)
     one_pass = N <= block_n
-    rows = 1
-    if one_pass:
-        rows = min(max(1, TILE_ELEMENTS // block_n), triton.next_power_of_2(max(M, 1)))
+    rows = min(max(1, tile_elements // block_n), _pow2(M)) if one_pass else 1
     return _RowTiling(rows, block_n, one_pass, _warps_for(rows * block_n), _cdiv(M, rows))
 
 
@@ -224,8 +232,10 @@ def _as_rows(t: torch.Tensor, N: int) -> torch.Tensor:
 
 
 def _vector(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """A parameter as a contiguous 1-D tensor (a view when it already is one)."""
-    return None if p is None else p.reshape(-1).contiguous()
+    """A parameter as a contiguous 1-D tensor (itself when it already is one)."""
+    if p is None or (p.dim() == 1 and p.is_contiguous()):
+        return p
+    return p.reshape(-1).contiguous()
 
 
 # =============================================================================
@@ -643,7 +653,9 @@ def _row_length(x: torch.Tensor, rstd: torch.Tensor) -> int:
 
 def _grad_view(grad: Optional[torch.Tensor], like: Optional[torch.Tensor]):
     """A flat gradient viewed with the shape of the tensor it belongs to."""
-    return None if grad is None else grad.view(like.shape)
+    if grad is None or grad.shape == like.shape:
+        return grad
+    return grad.view(like.shape)
 
 
 def rms_norm_forward(x, normalized_shape, weight=None, eps=1e-6, offset=0.0):
@@ -1128,8 +1140,8 @@ def _group_tiling(B: int, C: int, HW: int, G: int, device: torch.device) -> _Gro
     splits = 1 if B * G >= _num_sms(device) else min(Cg, _cdiv(target, max(B * G, 1)))
     per_split = _cdiv(Cg, splits)
     splits = _cdiv(Cg, per_split)
-    block_hw = min(triton.next_power_of_2(HW), GROUP_TILE_ELEMENTS)
-    block_c = min(triton.next_power_of_2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
+    block_hw = min(_pow2(HW), GROUP_TILE_ELEMENTS)
+    block_c = min(_pow2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
     return _GroupTiling(splits, per_split, block_c, block_hw, _warps_for(block_c * block_hw))
 
 
@@ -1186,7 +1198,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
         _group_norm_bwd_kernel[(B * num_groups * splits,)], dy3, x3, _vector(weight), stats, dx,
         dw_partial, db_partial, C, HW, C // num_groups, per_split, splits, stats.stride(0),
         HAS_W=weight is not None, COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        BLOCK_C=min(t.block_c, triton.next_power_of_2(per_split)), BLOCK_HW=t.block_hw, num_warps=t.num_warps)
+        BLOCK_C=min(t.block_c, _pow2(per_split)), BLOCK_HW=t.block_hw, num_warps=t.num_warps)
     if compute_dx and splits == 1:
         launch(DO_SUMS=True, DO_DX=True)
     else:
