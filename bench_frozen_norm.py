@@ -171,13 +171,6 @@ class Row:
     fwd_pct_copy: float = float("nan")
     bwd_pct_copy: float = float("nan")
     bwd_extra_MiB: float = float("nan")
-    # The same three timings replayed from a CUDA graph: kernel time without the host's
-    # Python and launch overhead (no L2 flush between calls).
-    fwd_graph_ms: float = float("nan")
-    bwd_graph_ms: float = float("nan")
-    full_graph_ms: float = float("nan")
-    bwd_graph_pct_copy: float = float("nan")
-    fwd_graph_pct_copy: float = float("nan")
     note: str = ""
 
 
@@ -194,10 +187,9 @@ def grads_wanted(d):
     return [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
-def measure(op, provider, size, dtype, mode, copy_GBps, rep, graphs=True):
+def measure(op, provider, size, dtype, mode, copy_GBps, rep):
     import triton.testing
     bench = lambda f: triton.testing.do_bench(f, rep=rep, return_mode="median")  # noqa: E731
-    replay = lambda f: triton.testing.do_bench_cudagraph(f, rep=rep, return_mode="median")  # noqa: E731
     row = Row(op, provider, size_label(op, size), mode)
     d = make_inputs(op, size, dtype, "cuda", mode == "train")
     f = {"ours": ours, "eager": eager, "compile": compiled, "liger": liger}[provider](op)
@@ -218,16 +210,6 @@ def measure(op, provider, size, dtype, mode, copy_GBps, rep, graphs=True):
     fwd_bytes, bwd_bytes = bytes_moved(op, size, dtype.itemsize)
     row.fwd_GBps, row.bwd_GBps = fwd_bytes / row.fwd_ms / 1e6, bwd_bytes / row.bwd_ms / 1e6
     row.fwd_pct_copy, row.bwd_pct_copy = 100 * row.fwd_GBps / copy_GBps, 100 * row.bwd_GBps / copy_GBps
-    if graphs:
-        try:
-            row.fwd_graph_ms = replay(lambda: f(d))
-            row.bwd_graph_ms = replay(lambda: torch.autograd.grad(outs, wanted, dys, retain_graph=True))
-            row.full_graph_ms = replay(lambda: torch.autograd.grad(f(d), wanted, dys))
-            row.fwd_graph_pct_copy = 100 * fwd_bytes / row.fwd_graph_ms / 1e6 / copy_GBps
-            row.bwd_graph_pct_copy = 100 * bwd_bytes / row.bwd_graph_ms / 1e6 / copy_GBps
-        except Exception as e:   # not every provider can be captured in a CUDA graph
-            torch.cuda.synchronize()
-            row.note = f"no graph timing: {type(e).__name__}"
     return row
 
 
@@ -281,7 +263,7 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
 # ----------------------------------------------------------------------------
 
 KERNELS = ["_row_norm_fwd_kernel", "_row_norm_bwd_kernel", "_group_norm_fwd_kernel", "_group_norm_bwd_kernel",
-           "_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel", "_sum_partials_kernel"]
+           "_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel", "_row_norm_dwdb_kernel", "_sum_partials_kernel"]
 
 
 @dataclass
@@ -635,8 +617,7 @@ def print_table(rows, dtype_name, copy_GBps):
     for op, op_rows in by_op.items():
         print(f"\n== {OP_NAMES[op]} ({dtype_name}) " + "=" * 90)
         print(f"{'size':18} {'provider':8} {'params':7} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
-              f"{'fwd GB/s':>9} {'%copy':>6} {'bwd GB/s':>9} {'%copy':>6} {'bwd MiB':>8} {'frozen x':>8} "
-              f"{'graph: fwd%':>11} {'bwd%':>5} {'f+b ms':>7}")
+              f"{'fwd GB/s':>9} {'%copy':>6} {'bwd GB/s':>9} {'%copy':>6} {'bwd MiB':>8} {'frozen x':>8}")
         for r in op_rows:
             speedup = ""
             if r.mode == "frozen":
@@ -646,12 +627,10 @@ def print_table(rows, dtype_name, copy_GBps):
             line = (f"{r.size:18} {r.provider:8} {r.mode:7} {fmt(r.fwd_ms, '8.4f')} {fmt(r.bwd_ms, '8.4f')} "
                     f"{fmt(r.full_ms, '8.4f')} {fmt(r.fwd_GBps, '9.0f')} {fmt(r.fwd_pct_copy, '6.1f')} "
                     f"{fmt(r.bwd_GBps, '9.0f')} {fmt(r.bwd_pct_copy, '6.1f')} {fmt(r.bwd_extra_MiB, '8.1f')} "
-                    f"{speedup:>8} {fmt(r.fwd_graph_pct_copy, '11.1f')} {fmt(r.bwd_graph_pct_copy, '5.1f')} "
-                    f"{fmt(r.full_graph_ms, '7.4f')}")
+                    f"{speedup:>8}")
             print(line + (f"  {r.note}" if r.note else ""))
     print(f"\nBandwidth: bytes_moved() over the median time; %copy: of the {copy_GBps:.0f} GB/s device-to-device "
-          "copy measured in this run. 'frozen x': trainable bwd time / frozen bwd time. 'graph:' the same "
-          "calls replayed from a CUDA graph (kernel time, no host overhead, no L2 flush).")
+          "copy measured in this run. 'frozen x': trainable bwd time / frozen bwd time.")
 
 
 def parse_sizes(text):
@@ -712,7 +691,7 @@ def run_on_gpu(args):
             for provider in providers:
                 for mode in ("train", "frozen"):
                     try:
-                        rows.append(measure(op, provider, size, dtype, mode, copy_GBps, rep, not args.no_graphs))
+                        rows.append(measure(op, provider, size, dtype, mode, copy_GBps, rep))
                     except Exception as e:   # a competitor that cannot run this case gets a note
                         rows.append(Row(op, provider, size_label(op, size), mode, note=f"{type(e).__name__}: "
                                         f"{str(e).splitlines()[0][:80] if str(e) else ''}"))
@@ -746,7 +725,6 @@ def main(argv=None):
     p.add_argument("--dtype", default="bf16", choices=list(DTYPES))
     p.add_argument("--quick", action="store_true", help="a few sizes, no torch.compile (about a minute)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
-    p.add_argument("--no-graphs", action="store_true", help="skip the CUDA-graph (kernel-only) timings")
     p.add_argument("--csv", help="write the raw rows to this CSV file")
     p.add_argument("--json", help="write the raw rows (and the LoRA case) to this JSON file")
     p.add_argument("--dce", action="store_true", help="print the full compiled-kernel report and exit")

@@ -119,6 +119,9 @@ MIN_WARPS, MAX_WARPS = 4, 16
 # Persistent programs per SM in backward kernels that accumulate dw/db: two lets
 # one program load while the other reduces; more would grow the (P x N) scratch.
 PROGRAMS_PER_SM = 2
+# Rows too long for registers get dw/db from a column-tiled kernel: [DW_BLOCK_M,
+# DW_BLOCK_N] tiles (512-byte bf16 row segments keep the loads coalesced).
+DW_BLOCK_M, DW_BLOCK_N = 32, 256
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
 INTERPRETER_SMS = 3
@@ -480,17 +483,18 @@ def _row_norm_bwd_kernel(
     Dtypes: DX is written in its own dtype; DY, X, DS, W may each differ. fp32 math.
 
     Flags (each False removes code):
-      COMPUTE_DX  the c1/c2 row reductions, the dx arithmetic and the DX stores
-                  (with ONE_PASS=False also the whole first pass over the row).
+      COMPUTE_DX  the c1/c2 row reductions, the dx arithmetic and the DX stores.
       COMPUTE_DW  the dy * xhat accumulator (BLOCK_N fp32 registers), its
                   multiply-adds and the DWp stores.
       COMPUTE_DB  the dy accumulator and the DBp stores.
       CENTER      the mean, c2 and their subtractions (RMSNorm has neither).
       HAS_W       the load of w: g = dy when there is no weight.
       HAS_DS      the load and add of ds (FusedAddRMSNorm's second output).
-      ONE_PASS    True: each row is loaded once. False: pass 1 over the chunks
-                  finds c1/c2, pass 2 walks them backwards for dx and adds the
-                  chunk's dw/db into the program's DWp/DBp row in memory.
+      ONE_PASS    True: each row is loaded once. False (rows longer than a
+                  block): dx only, in two passes over the chunks, pass 1 for
+                  c1/c2 and pass 2 backwards (L2 hits) for dx; an N-wide
+                  accumulator would not fit in registers, so dw/db come from
+                  `_row_norm_dwdb_kernel` instead.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -536,6 +540,7 @@ def _row_norm_bwd_kernel(
         if COMPUTE_DB:
             tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc, mask=cols < N)
     else:
+        tl.static_assert(not (COMPUTE_DW or COMPUTE_DB), "long rows: dw/db come from _row_norm_dwdb_kernel")
         last = (N - 1) // BLOCK_N * BLOCK_N
         for i in range(0, tiles_per_program):
             rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
@@ -543,52 +548,86 @@ def _row_norm_bwd_kernel(
             mean = rstd * 0.0
             if CENTER:
                 mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
-            if COMPUTE_DX:
-                # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), chunk by chunk.
-                sum_xhat_g = tl.zeros([ROWS], dtype=tl.float32)
-                sum_g = tl.zeros([ROWS], dtype=tl.float32)
-                for start in range(0, N, BLOCK_N):
-                    cols = start + tl.arange(0, BLOCK_N)
-                    x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                    dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-                    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-                    g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-                    if HAS_W:
-                        g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
-                    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                    sum_xhat_g += tl.sum(xhat * g, axis=1)
-                    if CENTER:
-                        sum_g += tl.sum(g, axis=1)
-                c1 = sum_xhat_g / N
-                c2 = sum_g / N
-            # Pass 2, last chunk first (still in L2): dx, and this tile's dw/db.
+            # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), chunk by chunk.
+            sum_xhat_g = tl.zeros([ROWS], dtype=tl.float32)
+            sum_g = tl.zeros([ROWS], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                x_offs, mask = _tile(rows, cols, M, N, stride_x)
+                dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_W:
+                    g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
+                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                sum_xhat_g += tl.sum(xhat * g, axis=1)
+                if CENTER:
+                    sum_g += tl.sum(g, axis=1)
+            c1 = sum_xhat_g / N
+            c2 = sum_g / N
+            # Pass 2, last chunk first (still in L2): dx.
             for k in range(0, N, BLOCK_N):
                 cols = (last - k) + tl.arange(0, BLOCK_N)
                 x_offs, mask = _tile(rows, cols, M, N, stride_x)
                 dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
                 x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+                g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_W:
+                    g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
                 xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-                if COMPUTE_DX:
-                    g = dy
-                    if HAS_W:
-                        g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
-                    dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-                    if HAS_DS:
-                        ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
-                        dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
-                    dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-                    tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
-                # The program's partial row lives in memory (N fp32 would not fit in
-                # registers); its first tile writes it, later tiles add to it.
-                p_offs = pid.to(tl.int64) * N + cols
-                p_mask = (cols < N) & (i > 0)
-                if COMPUTE_DW:
-                    dw = tl.load(DWp + p_offs, mask=p_mask, other=0.0) + tl.sum(dy * xhat, axis=0)
-                    tl.store(DWp + p_offs, dw, mask=cols < N)
-                if COMPUTE_DB:
-                    db = tl.load(DBp + p_offs, mask=p_mask, other=0.0) + tl.sum(dy, axis=0)
-                    tl.store(DBp + p_offs, db, mask=cols < N)
+                dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+                if HAS_DS:
+                    ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
+                    dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
+                dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+                tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_norm_dwdb_kernel(
+    DY, X, Mean, Rstd, DWp, DBp,     # DY, X: (M, N); Mean, Rstd: (M,) fp32; DWp, DBp: (S, N) fp32
+    M, N, stride_dy, stride_x, rows_per_split,
+    CENTER: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows, for long rows.
+
+    The delta on `_row_norm_bwd_kernel`'s accumulators: the loops are swapped.
+    Each program owns BLOCK_N columns and walks BLOCK_M rows at a time, so its
+    accumulator is a register tile of any row length. The price is a second
+    read of x and dy (no c1/c2 is needed here, so nothing else is recomputed).
+
+    Grid: (cdiv(N, BLOCK_N), S); program (j, s) sums rows [s * rows_per_split,
+    (s + 1) * rows_per_split) of column block j into row s of DWp and DBp.
+    Pointers: DY, X (M, N) with unit column stride; Mean, Rstd (M,) fp32;
+    DWp, DBp contiguous (S, N) fp32. Any float dtypes for DY and X.
+    Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store;
+    CENTER False removes the mean (RMSNorm).
+    """
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    row_end = tl.minimum(M, (split + 1) * rows_per_split)
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for r0 in range(split * rows_per_split, row_end, BLOCK_M):
+        rows = r0 + tl.arange(0, BLOCK_M)
+        rstd = tl.load(Rstd + rows, mask=rows < row_end, other=0.0)
+        dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
+        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+        if COMPUTE_DW:
+            mean = rstd * 0.0
+            if CENTER:
+                mean = tl.load(Mean + rows, mask=rows < row_end, other=0.0)
+            x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
+            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            dw_acc += dy * tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if COMPUTE_DB:
+            db_acc += dy
+    out = split.to(tl.int64) * N + cols
+    if COMPUTE_DW:
+        tl.store(DWp + out, tl.sum(dw_acc, axis=0), mask=cols < N)
+    if COMPUTE_DB:
+        tl.store(DBp + out, tl.sum(db_acc, axis=0), mask=cols < N)
 
 
 def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
@@ -615,30 +654,52 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
                        weight_dtype=None, bias_dtype=None):
     """Launches the row backward on (M, N) rows. Returns dx, dw, db (None where not asked).
 
-    Scratch: with dw or db asked, one (P, N) fp32 buffer per trained parameter,
-    P = min(tiles, PROGRAMS_PER_SM x SMs) (264 rows on an H200: 4.3 MB at N = 4096).
-    With neither, nothing but dx is allocated and one kernel is launched.
+    Rows that fit in registers (N <= TRAIN_ROW_BLOCK_MAX with dw/db, else
+    ROW_BLOCK_MAX): one kernel; with dw/db asked it runs a persistent grid and
+    leaves one (P, N) fp32 buffer per trained parameter, P = min(tiles,
+    PROGRAMS_PER_SM x SMs) (264 rows on an H200: 4.3 MB at N = 4096).
+    Longer rows: dx from the two-pass kernel, and dw/db from
+    `_row_norm_dwdb_kernel` into an (S, N) fp32 buffer, S about 2 x SMs /
+    (N / DW_BLOCK_N), at least 1 (S = 3 at N = 32768 on an H200: 0.4 MB).
+    With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M, N = x.shape
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device) if compute_dx else None
-    new_param = functools.partial(torch.empty, (N,), device=x.device)
-    dw = new_param(dtype=weight_dtype) if compute_dw else None
-    db = new_param(dtype=bias_dtype) if compute_db else None
+    dw = torch.empty((N,), dtype=weight_dtype, device=x.device) if compute_dw else None
+    db = torch.empty((N,), dtype=bias_dtype, device=x.device) if compute_db else None
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     t = _row_tiling(M, N, TRAIN_ROW_BLOCK_MAX if trains else ROW_BLOCK_MAX)
-    programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device)) if trains else t.num_tiles
-    new_partial = functools.partial(torch.empty, (programs, N), dtype=torch.float32, device=x.device)
-    dw_partial = new_partial() if compute_dw else None
-    db_partial = new_partial() if compute_db else None
-    _row_norm_bwd_kernel[(programs,)](
-        dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
-        M, N, dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0),
-        0 if dx is None else dx.stride(0), float(offset), _cdiv(t.num_tiles, programs),
-        CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None,
-        COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+    # dw/db are accumulated by the main kernel when a row fits in registers beside
+    # the accumulators; otherwise `_row_norm_dwdb_kernel` sums them by columns and
+    # the main kernel, tiled as for frozen parameters, computes dx alone.
+    fused = trains and t.one_pass
+    if trains and not fused:
+        t = _row_tiling(M, N)
+        col_blocks = _cdiv(N, DW_BLOCK_N)
+        splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
+        rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
+        partial_rows = splits = _cdiv(M, rows_per_split)
+    programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device)) if fused else t.num_tiles
+    if fused:
+        partial_rows = programs
+    new_partial = functools.partial(torch.empty, dtype=torch.float32, device=x.device)
+    dw_partial = new_partial((partial_rows, N)) if compute_dw else None
+    db_partial = new_partial((partial_rows, N)) if compute_db else None
+    if compute_dx or fused:
+        _row_norm_bwd_kernel[(programs,)](
+            dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
+            M, N, dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0),
+            0 if dx is None else dx.stride(0), float(offset), _cdiv(t.num_tiles, programs),
+            CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None,
+            COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw and fused, COMPUTE_DB=compute_db and fused,
+            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+    if trains and not fused:
+        _row_norm_dwdb_kernel[(col_blocks, splits)](
+            dy, x, mean, rstd, dw_partial, db_partial, M, N, dy.stride(0), x.stride(0), rows_per_split,
+            CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N))
     if compute_dw and compute_db:
         _reduce_partials(dw_partial, dw, db_partial, db)
     elif trains:
