@@ -524,13 +524,14 @@ def print_dce(report, short=False):
             print(f"{op:5} {entry['size']:16} {variant:11} {s['ld_global']:>6} {s['st_global']:>6} "
                   f"{s['any_atomics']:>4} {s['instructions']:>6} {str(s.get('registers', '-')):>4} "
                   f"{str(s.get('spill_bytes', '-')):>5} {s['launches']:>6} {s['scratch_bytes'] / 2**20:>11.2f}")
-    print("Flags, trainable -> flag off (pointer still passed): stores through the scratch pointer, and what goes")
+    print("Each flag alone, trainable -> flag off with its scratch pointer still passed (TTIR stores through it):")
     for op, entry in report["ops"].items():
         base = entry["variants"]["trainable"]
         for flag, s in entry["flips"].items():
-            scratch_stores = sum(v for k, v in s["stores_by_arg"].items() if k in ("DWp", "DBp", "Partial"))
-            print(f"  {op:5} {flag}=False: {base['st_global']} -> {s['st_global']} global stores, "
-                  f"{base['instructions']} -> {s['instructions']} instructions, {scratch_stores} stores into scratch")
+            pointer = "Partial" if op == "poly" else {"COMPUTE_DW": "DWp", "COMPUTE_DB": "DBp"}[flag]
+            print(f"  {op:5} {flag}=False: {base['st_global']} -> {s['st_global']} PTX global stores, "
+                  f"{base['instructions']} -> {s['instructions']} instructions, stores into {pointer} "
+                  f"{base['stores_by_arg'].get(pointer, 0)} -> {s['stores_by_arg'].get(pointer, 0)}")
     for flag, what in REMOVED.items():
         print(f"  {flag}=False removes {what}.")
 
@@ -664,8 +665,9 @@ def run_on_gpu(args):
     rep = 40 if args.quick else 60   # ms of timed calls per median: 60+ samples at 1 ms a call
     providers = [p for p in args.providers.split(",") if not (p == "compile" and (args.quick or args.no_compile))]
     try:
-        import liger_kernel
-        liger_note = f"Liger-Kernel {getattr(liger_kernel, '__version__', '?')}"
+        import importlib.metadata
+        import liger_kernel  # noqa: F401
+        liger_note = f"Liger-Kernel {importlib.metadata.version('liger-kernel')}"
     except ImportError:
         providers = [p for p in providers if p != "liger"]
         liger_note = "Liger-Kernel not importable: its column is skipped"

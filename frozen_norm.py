@@ -97,8 +97,9 @@ __all__ = [
 # 2. Tuning constants, launch helpers and input checks
 # =============================================================================
 #
-# Every tuning number lives here with the reason for its value. NOTES.md has the
-# measurements behind them.
+# Every tuning number lives here with the reason for its value. NOTES.md says
+# which were measured (the register limits) and which are first choices that a
+# host-bound sweep on the H200 could not tell apart (the rest).
 
 # Longest row (elements) a program holds in registers at once. Rows up to this
 # length are read from memory exactly once; longer rows loop over chunks of this
@@ -128,8 +129,8 @@ INTERPRETER_SMS = 3
 # Tile of the final partial-sum reduction: PARTIAL_ROWS partial rows are summed
 # per step, over PARTIAL_COLS columns per program.
 PARTIAL_ROWS, PARTIAL_COLS = 32, 128
-# GroupNorm: elements of a (channels x spatial) tile, and how many programs to
-# aim for when a batch has fewer (sample, group) rows than that: a group is then
+# GroupNorm: elements of a (channels x spatial) tile, and the programs per SM to
+# aim for when a batch has fewer (sample, group) rows than SMs: each row is then
 # split over several programs by channels.
 GROUP_TILE_ELEMENTS = 8192
 GROUP_PROGRAMS_PER_SM = 2
@@ -318,8 +319,16 @@ def _sum_partials_kernel(
         _sum_partials(PartialB, OutB, P, N_b, stride_b, BLOCK_P, BLOCK_N)
 
 
-def _reduce_partials(partial_a, out_a, partial_b=None, out_b=None) -> None:
-    """Launches `_sum_partials_kernel` for one or two (P, N) partial buffers."""
+def _reduce_partials(*pairs) -> None:
+    """Launches `_sum_partials_kernel` once for up to two (partial, out) pairs.
+
+    A pair whose partial is None (a parameter that does not train) is skipped;
+    with none left, nothing is launched.
+    """
+    pairs = [pair for pair in pairs if pair[0] is not None]
+    if not pairs:
+        return
+    (partial_a, out_a), (partial_b, out_b) = pairs[0], pairs[1] if len(pairs) > 1 else (None, None)
     P = partial_a.shape[0]
     n_b = 0 if partial_b is None else partial_b.shape[1]
     grid = (_cdiv(max(partial_a.shape[1], n_b), PARTIAL_COLS), 1 if partial_b is None else 2)
@@ -347,8 +356,13 @@ def _reduce_partials(partial_a, out_a, partial_b=None, out_b=None) -> None:
 #
 # (1) is a row reduction (c1) followed by an elementwise update: each program
 # does it for its own rows. (2) is a column reduction over all M rows: each
-# program keeps an fp32 accumulator of N elements for the rows it walks, writes
-# it to a (P x N) scratch buffer, and `_sum_partials_kernel` adds the P rows.
+# program of a persistent grid keeps an fp32 accumulator of N elements for the
+# rows it walks, writes it to a (P x N) scratch buffer, and
+# `_sum_partials_kernel` adds the P rows in a fixed order (no atomics, so the
+# result is the same bit for bit on every run). Rows longer than
+# TRAIN_ROW_BLOCK_MAX leave no room in registers for that accumulator: there
+# `_row_norm_dwdb_kernel` swaps the loops (each program owns a block of columns
+# and walks the rows), at the price of reading x and dy a second time.
 #
 # What a frozen w removes: all of (2), i.e. the accumulator's registers, the
 # multiply-add per element, the (P x N) fp32 scratch and its writes, the second
@@ -378,6 +392,21 @@ def _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W: tl.constexpr, HAS_B
     if HAS_B:
         y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     return y
+
+
+@triton.jit
+def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr):
+    """x of a tile in fp32, and its mask. With HAS_RESIDUAL: x + r, rounded to S's
+    dtype and stored to S, because the next block sees (and we normalize) that."""
+    x_offs, mask = _tile(rows, cols, M, N, stride_x)
+    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r_offs, _ = _tile(rows, cols, M, N, stride_r)
+        s_offs, _ = _tile(rows, cols, M, N, stride_s)
+        s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
+        tl.store(S + s_offs, s, mask=mask)
+        x = s.to(tl.float32)
+    return x, mask
 
 
 @triton.jit
@@ -411,14 +440,7 @@ def _row_norm_fwd_kernel(
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
     if ONE_PASS:
         cols = tl.arange(0, BLOCK_N)
-        x_offs, mask = _tile(rows, cols, M, N, stride_x)
-        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_RESIDUAL:
-            r_offs, _ = _tile(rows, cols, M, N, stride_r)
-            s_offs, _ = _tile(rows, cols, M, N, stride_s)
-            s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
-            tl.store(S + s_offs, s, mask=mask)
-            x = s.to(tl.float32)   # normalize the rounded sum, as the next block will see it
+        x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
         mean, m2 = _chunk_moments(x, mask, N, CENTER)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         y_offs, _ = _tile(rows, cols, M, N, stride_y)
@@ -430,14 +452,7 @@ def _row_norm_fwd_kernel(
         m2 = tl.zeros([ROWS], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            x_offs, mask = _tile(rows, cols, M, N, stride_x)
-            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_RESIDUAL:
-                r_offs, _ = _tile(rows, cols, M, N, stride_r)
-                s_offs, _ = _tile(rows, cols, M, N, stride_s)
-                s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
-                tl.store(S + s_offs, s, mask=mask)
-                x = s.to(tl.float32)
+            x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
             n_b = tl.cast(tl.minimum(N - start, BLOCK_N), tl.float32)
             mean_b, m2_b = _chunk_moments(x, mask, n_b, CENTER)
             mean, m2 = _merge_moments(mean, m2, tl.cast(start, tl.float32), mean_b, m2_b, n_b)
@@ -458,6 +473,28 @@ def _row_norm_fwd_kernel(
     tl.store(Rstd + rows, rstd, mask=rows < M)
     if CENTER:
         tl.store(Mean + rows, mean, mask=rows < M)
+
+
+@triton.jit
+def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
+    """mean (0 without CENTER) and rstd of a tile's rows; 0 for rows past M."""
+    rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
+    mean = rstd * 0.0
+    if CENTER:
+        mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
+    return mean, rstd
+
+
+@triton.jit
+def _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy, offset, HAS_W: tl.constexpr):
+    """xhat = (x - mean) * rstd (0 outside the tile) and g = dy * (o + w) of a tile, in fp32."""
+    x_offs, mask = _tile(rows, cols, M, N, stride_x)
+    dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
+    return tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0), g, mask
 
 
 @triton.jit
@@ -508,10 +545,7 @@ def _row_norm_bwd_kernel(
             db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for i in range(0, tiles_per_program):
             rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-            rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
-            mean = rstd * 0.0
-            if CENTER:
-                mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
+            mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
             x_offs, mask = _tile(rows, cols, M, N, stride_x)
             dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
             x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
@@ -544,22 +578,13 @@ def _row_norm_bwd_kernel(
         last = (N - 1) // BLOCK_N * BLOCK_N
         for i in range(0, tiles_per_program):
             rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-            rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
-            mean = rstd * 0.0
-            if CENTER:
-                mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
+            mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
             # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), chunk by chunk.
             sum_xhat_g = tl.zeros([ROWS], dtype=tl.float32)
             sum_g = tl.zeros([ROWS], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-                g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_W:
-                    g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
-                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                xhat, g, _ = _load_xhat_g(X, DY, W, rows, start + tl.arange(0, BLOCK_N), mean, rstd, M, N,
+                                          stride_x, stride_dy, offset, HAS_W)
                 sum_xhat_g += tl.sum(xhat * g, axis=1)
                 if CENTER:
                     sum_g += tl.sum(g, axis=1)
@@ -568,13 +593,8 @@ def _row_norm_bwd_kernel(
             # Pass 2, last chunk first (still in L2): dx.
             for k in range(0, N, BLOCK_N):
                 cols = (last - k) + tl.arange(0, BLOCK_N)
-                x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-                g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_W:
-                    g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
-                xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+                xhat, g, mask = _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy,
+                                             offset, HAS_W)
                 dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
                 if HAS_DS:
                     ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
@@ -700,10 +720,7 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
             dy, x, mean, rstd, dw_partial, db_partial, M, N, dy.stride(0), x.stride(0), rows_per_split,
             CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N))
-    if compute_dw and compute_db:
-        _reduce_partials(dw_partial, dw, db_partial, db)
-    elif trains:
-        _reduce_partials(dw_partial if compute_dw else db_partial, dw if compute_dw else db)
+    _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
 
@@ -1266,10 +1283,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
         launch(DO_SUMS=True, DO_DX=False)
         if compute_dx:
             launch(DO_SUMS=False, DO_DX=True)
-    if compute_dw and compute_db:
-        _reduce_partials(dw_partial, dw, db_partial, db)
-    elif compute_dw or compute_db:
-        _reduce_partials(dw_partial if compute_dw else db_partial, dw if compute_dw else db)
+    _reduce_partials((dw_partial, dw), (db_partial, db))
     return (None if dx is None else dx.view(x.shape)), dw, db
 
 
@@ -1554,12 +1568,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         0 if dx is None else dx.stride(0), _cdiv(t.num_tiles, programs),
         COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
         ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
-    if compute_dw and compute_db:
-        _reduce_partials(partial[:, :3], dw, partial[:, 3:], db)
-    elif compute_dw:
-        _reduce_partials(partial[:, :3], dw)
-    elif compute_db:
-        _reduce_partials(partial[:, 3:], db)
+    _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return _grad_view(dx, x), dw, (None if db is None else db.view(bias.shape))
 
 
