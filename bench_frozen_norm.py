@@ -443,11 +443,11 @@ def stores_by_argument(ttir, arg_names):
     return dict(counts)
 
 
-def compile_launch(launch, **flag_overrides):
-    """Compile a recorded launch for sm_90 (optionally with some constexprs changed)."""
+def compile_launch(launch, arch=90, **flag_overrides):
+    """Compile a recorded launch for sm_<arch> (optionally with some constexprs changed)."""
     constexprs = dict(launch.constexprs, **flag_overrides)
     kernel = launch.kernel
-    compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, num_warps=launch.num_warps, arch=90)
+    compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, num_warps=launch.num_warps, arch=arch)
     runtime_args = [p for p, a in zip([p for p in kernel.arg_names if p not in constexprs], launch.args)
                     if not (a is None or (isinstance(a, int) and not isinstance(a, bool) and a == 1))]
     return compiled_kernel, runtime_args
@@ -458,23 +458,23 @@ def main_backward_launch(rec):
     return [lc for lc in rec.launches if lc.name != "_sum_partials_kernel"][-1]
 
 
-def dce_report(ops, with_ptxas=True):
+def dce_report(ops, arch=90, with_ptxas=True):
     """Per op and backward variant: what the compiled kernel contains, and the flag tests' data."""
-    report = {"triton": __import__("triton").__version__, "ops": {}}
+    report = {"triton": __import__("triton").__version__, "arch": arch, "ops": {}}
     for op in ops:
         size = DCE_SIZES[op]
         entry = {"size": size_label(op, size), "variants": {}, "flips": {}}
         for variant, want in VARIANTS[op].items():
             rec = record_backward(op, size, want)
             main = main_backward_launch(rec)
-            ck, names = compile_launch(main)
+            ck, names = compile_launch(main, arch)
             stats = ptx_stats(ck.asm["ptx"])
             stats.update(ptxas_usage(ck.asm["ptx"]) if with_ptxas else {})
             stats.update(kernel=main.name, launches=len(rec.launches),
                          grad_bytes=_grad_bytes(op, size, want),
                          scratch_bytes=rec.allocated_bytes - _grad_bytes(op, size, want),
                          stores_by_arg=stores_by_argument(ck.asm["ttir"], names),
-                         any_atomics=sum(ptx_stats(compile_launch(lc)[0].asm["ptx"])["atomics"]
+                         any_atomics=sum(ptx_stats(compile_launch(lc, arch)[0].asm["ptx"])["atomics"]
                                          for lc in rec.launches))
             entry["variants"][variant] = stats
         # The flag itself: the trainable launch recompiled with one flag off and its
@@ -483,7 +483,7 @@ def dce_report(ops, with_ptxas=True):
         for grad in ("dw", "db"):
             if grad not in VARIANTS[op]["trainable"]:
                 continue
-            ck, names = compile_launch(trainable, **{FLAGS[grad]: False})
+            ck, names = compile_launch(trainable, arch, **{FLAGS[grad]: False})
             entry["flips"][FLAGS[grad]] = {"stores_by_arg": stores_by_argument(ck.asm["ttir"], names),
                                            **ptx_stats(ck.asm["ptx"])}
         report["ops"][op] = entry
@@ -509,7 +509,7 @@ REMOVED = {
 
 
 def print_dce(report, short=False):
-    print(f"\nWhat the compiler removes (Triton {report['triton']}, sm_90, bf16; scratch and launches "
+    print(f"\nWhat the compiler removes (Triton {report['triton']}, sm_{report['arch']}, bf16; scratch and launches "
           f"at the stated size with {H200_SMS} SMs)")
     head = f"{'op':5} {'size':16} {'variant':11} {'ld.glb':>6} {'st.glb':>6} {'atom':>4} {'instr':>6} " \
            f"{'regs':>4} {'spill':>5} {'launch':>6} {'scratch MiB':>11}"
@@ -731,6 +731,7 @@ def main(argv=None):
     p.add_argument("--json", help="write the raw rows (and the LoRA case) to this JSON file")
     p.add_argument("--dce", action="store_true", help="print the full compiled-kernel report and exit")
     p.add_argument("--dce-json", help="write the compiled-kernel report as JSON to this file and exit")
+    p.add_argument("--arch", type=int, default=90, help="compute capability for --dce: 90 (Hopper), 80 (Ampere)")
     p.add_argument("--providers", default="ours,eager,compile,liger", help="comma-separated subset")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a tuning constant of frozen_norm for this run, e.g. --set ROW_BLOCK_MAX=8192")
@@ -747,7 +748,7 @@ def main(argv=None):
         if not has_cuda_backend():
             print("This Triton has no CUDA backend: nothing to compile.")
             return 0
-        report = dce_report(args.ops.split(","))
+        report = dce_report(args.ops.split(","), args.arch)
         if args.dce_json:
             with open(args.dce_json, "w") as f:
                 json.dump(report, f, indent=1)

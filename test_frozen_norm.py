@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -33,6 +34,12 @@ DTYPES = list(TOLERANCE)
 DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 TRAIN, FROZEN, ABSENT = "train", "frozen", "absent"
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    """Fresh random inputs for every test, reproducible from its name."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
 
 
 def rel_error(out, ref):
@@ -156,7 +163,10 @@ def reference_of(op, d, **kw):
 
 
 def grad_outputs(outs):
-    return [randn(*o.shape, dtype=o.dtype) for o in outs]
+    # A small nonzero mean keeps the reference's sums (db, PolyNorm's scalar dw and
+    # db) away from cancellation, where a relative error would measure the condition
+    # number; 0.1 keeps PolyNorm's db over 3 x 70001 elements inside fp16's range.
+    return [randn(*o.shape, dtype=o.dtype, shift=0.1) for o in outs]
 
 
 def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, **kw):
@@ -464,11 +474,10 @@ def test_nan_stays_in_its_row(name):
     outs = outs if isinstance(outs, tuple) else (outs,)
     sum((o * o).sum() for o in outs).backward()
     clean = [0] + list(range(3, shape[0]))
-    if name == "gn":   # rows 1 and 2 hold the bad values in their first group only
-        clean_x = torch.cat([x[:1], x[3:]]) if shape[0] > 3 else x[:1]
-        assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1, 2:]).all()
-        assert torch.isfinite(d["x"].grad[0]).all()
-        del clean_x
+    if name == "gn":   # samples 1 and 2 hold the bad values in their first group (channels 0-1) only
+        assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1:3, 2:]).all()
+        assert torch.isfinite(d["x"].grad[0]).all() and torch.isfinite(d["x"].grad[1:3, 2:]).all()
+        assert not torch.isfinite(outs[0][1, :2]).any()
     else:
         assert torch.isfinite(outs[0][clean]).all()
         assert torch.isfinite(d["x"].grad[clean]).all()
@@ -694,16 +703,17 @@ def _has_cuda_backend():
         return False
 
 
-@pytest.fixture(scope="module")
-def dce_report(tmp_path_factory):
-    """bench_frozen_norm.py --dce-json, in a child process: the interpreter must be off to compile."""
+@pytest.fixture(scope="module", params=[90, 80], ids=["sm90", "sm80"])
+def dce_report(request, tmp_path_factory):
+    """bench_frozen_norm.py --dce-json for Hopper and Ampere, in a child process: the
+    interpreter must be off to compile."""
     if not _has_cuda_backend():
         pytest.skip("this Triton has no CUDA backend to compile for")
     path = tmp_path_factory.mktemp("dce") / "dce.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run([sys.executable, os.path.join(here, "bench_frozen_norm.py"), "--dce-json", str(path)],
-                   env=env, check=True, cwd=here)
+    subprocess.run([sys.executable, os.path.join(here, "bench_frozen_norm.py"), "--dce-json", str(path),
+                    "--arch", str(request.param)], env=env, check=True, cwd=here)
     return json.loads(path.read_text())
 
 
