@@ -512,8 +512,8 @@ def _row_norm_bwd_kernel(
     its rows into fp32 registers and writes one row of DWp / DBp.
 
     Grid: (P,). Program p handles tiles p, p + P, p + 2P, ... (tiles_per_program
-    of them): P = number of tiles when no dw/db is needed, else a persistent grid
-    of about PROGRAMS_PER_SM programs per SM.
+    of them): P = number of tiles unless this kernel accumulates dw/db, then a
+    persistent grid of PROGRAMS_PER_SM programs per SM (at most one per tile).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
     Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous.
