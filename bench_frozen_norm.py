@@ -351,7 +351,11 @@ DCE_SIZES = {"rms": (8192, 4096), "fadd": (8192, 4096), "ln": (8192, 4096), "pol
              "gn": (16, 512, 64, 64, 32)}
 # The flag that each backward kernel takes for each gradient.
 FLAGS = {"dx": "COMPUTE_DX", "dw": "COMPUTE_DW", "db": "COMPUTE_DB"}
-SCRATCH_ARGS = {"dw": ("DWp", "Partial"), "db": ("DBp", "Partial")}
+
+
+def scratch_pointer(op, flag):
+    """The kernel argument that a flag's gradient partials are stored through."""
+    return "Partial" if op == "poly" else {"COMPUTE_DW": "DWp", "COMPUTE_DB": "DBp"}[flag]
 
 
 def record_backward(op, size, want, dtype=torch.bfloat16, num_sms=H200_SMS):
@@ -484,7 +488,8 @@ def dce_report(ops, arch=90, with_ptxas=True):
             if grad not in VARIANTS[op]["trainable"]:
                 continue
             ck, names = compile_launch(trainable, arch, **{FLAGS[grad]: False})
-            entry["flips"][FLAGS[grad]] = {"stores_by_arg": stores_by_argument(ck.asm["ttir"], names),
+            entry["flips"][FLAGS[grad]] = {"pointer": scratch_pointer(op, FLAGS[grad]),
+                                           "stores_by_arg": stores_by_argument(ck.asm["ttir"], names),
                                            **ptx_stats(ck.asm["ptx"])}
         report["ops"][op] = entry
     return report
@@ -528,7 +533,7 @@ def print_dce(report, short=False):
     for op, entry in report["ops"].items():
         base = entry["variants"]["trainable"]
         for flag, s in entry["flips"].items():
-            pointer = "Partial" if op == "poly" else {"COMPUTE_DW": "DWp", "COMPUTE_DB": "DBp"}[flag]
+            pointer = s["pointer"]
             print(f"  {op:5} {flag}=False: {base['st_global']} -> {s['st_global']} PTX global stores, "
                   f"{base['instructions']} -> {s['instructions']} instructions, stores into {pointer} "
                   f"{base['stores_by_arg'].get(pointer, 0)} -> {s['stores_by_arg'].get(pointer, 0)}")

@@ -678,9 +678,9 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     ROW_BLOCK_MAX): one kernel; with dw/db asked it runs a persistent grid and
     leaves one (P, N) fp32 buffer per trained parameter, P = min(tiles,
     PROGRAMS_PER_SM x SMs) (264 rows on an H200: 4.3 MB at N = 4096).
-    Longer rows: dx from the two-pass kernel, and dw/db from
-    `_row_norm_dwdb_kernel` into an (S, N) fp32 buffer, S about 2 x SMs /
-    (N / DW_BLOCK_N), at least 1 (S = 3 at N = 32768 on an H200: 0.4 MB).
+    Longer rows: dx from the two-pass kernel, and dw/db from `_row_norm_dwdb`
+    into an (S, N) fp32 buffer, S about 2 x SMs / (N / DW_BLOCK_N), at least 1
+    (S = 3 at N = 32768 on an H200: 0.4 MB).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M, N = x.shape
@@ -692,21 +692,19 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     trains = compute_dw or compute_db
     t = _row_tiling(M, N, TRAIN_ROW_BLOCK_MAX if trains else ROW_BLOCK_MAX)
     # dw/db are accumulated by the main kernel when a row fits in registers beside
-    # the accumulators; otherwise `_row_norm_dwdb_kernel` sums them by columns and
-    # the main kernel, tiled as for frozen parameters, computes dx alone.
+    # the accumulators; otherwise `_row_norm_dwdb` sums them by columns and the
+    # main kernel, tiled as for frozen parameters, computes dx alone.
     fused = trains and t.one_pass
-    if trains and not fused:
-        t = _row_tiling(M, N)
-        col_blocks = _cdiv(N, DW_BLOCK_N)
-        splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
-        rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
-        partial_rows = splits = _cdiv(M, rows_per_split)
-    programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device)) if fused else t.num_tiles
+    dw_partial = db_partial = None
     if fused:
-        partial_rows = programs
-    new_partial = functools.partial(torch.empty, dtype=torch.float32, device=x.device)
-    dw_partial = new_partial((partial_rows, N)) if compute_dw else None
-    db_partial = new_partial((partial_rows, N)) if compute_db else None
+        programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device))
+        new_partial = functools.partial(torch.empty, (programs, N), dtype=torch.float32, device=x.device)
+        dw_partial = new_partial() if compute_dw else None
+        db_partial = new_partial() if compute_db else None
+    else:
+        if trains:
+            t = _row_tiling(M, N)
+        programs = t.num_tiles
     if compute_dx or fused:
         _row_norm_bwd_kernel[(programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
@@ -716,12 +714,30 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw and fused, COMPUTE_DB=compute_db and fused,
             ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
     if trains and not fused:
-        _row_norm_dwdb_kernel[(col_blocks, splits)](
-            dy, x, mean, rstd, dw_partial, db_partial, M, N, dy.stride(0), x.stride(0), rows_per_split,
-            CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N))
+        dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
+
+
+def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
+    """dw/db partial sums of long rows by `_row_norm_dwdb_kernel`: (S, N) fp32 each (or None).
+
+    S row slices, enough that (S x column blocks) fills PROGRAMS_PER_SM programs
+    per SM, each slice a whole number of DW_BLOCK_M row steps.
+    """
+    M, N = x.shape
+    col_blocks = _cdiv(N, DW_BLOCK_N)
+    splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
+    rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
+    splits = _cdiv(M, rows_per_split)
+    new_partial = functools.partial(torch.empty, (splits, N), dtype=torch.float32, device=x.device)
+    dw_partial = new_partial() if compute_dw else None
+    db_partial = new_partial() if compute_db else None
+    _row_norm_dwdb_kernel[(col_blocks, splits)](
+        dy, x, mean, rstd, dw_partial, db_partial, M, N, dy.stride(0), x.stride(0), rows_per_split,
+        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+        BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N))
+    return dw_partial, db_partial
 
 
 def _row_length(x: torch.Tensor, rstd: torch.Tensor) -> int:

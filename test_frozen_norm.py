@@ -723,10 +723,9 @@ def test_dce_flag_removes_scratch_stores(dce_report, name):
     pointer gets no store (PolyNorm's dw and db share one buffer: fewer stores)."""
     entry = dce_report["ops"][name]
     trainable = entry["variants"]["trainable"]
-    target = {"COMPUTE_DW": "DWp", "COMPUTE_DB": "DBp"}
     assert entry["flips"], "no flag was tested"
     for flag, flipped in entry["flips"].items():
-        pointer = "Partial" if name == "poly" else target[flag]
+        pointer = flipped["pointer"]
         assert trainable["stores_by_arg"].get(pointer, 0) > 0, (flag, trainable["stores_by_arg"])
         if name == "poly":
             assert flipped["stores_by_arg"].get(pointer, 0) < trainable["stores_by_arg"][pointer], flag
