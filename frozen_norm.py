@@ -105,20 +105,37 @@ __all__ = [
 # length are read from memory exactly once; longer rows loop over chunks of this
 # size and read each chunk a second time, from L2 when it is still there.
 ROW_BLOCK_MAX = 16384
-# The same limit for a backward that also accumulates dw/db in registers: ptxas
-# reports spills from 16384 (LayerNorm, 16 warps), none at 8192.
+# Longest row of the persistent backward, whose programs hold dw/db accumulators
+# beside the row: ptxas reports spills from 16384 (LayerNorm, 16 warps), none at
+# 8192. A frozen backward takes the same grid, its variant without accumulators.
 TRAIN_ROW_BLOCK_MAX = 8192
 # Rows shorter than this many elements are batched into one tile, so that every
 # program moves enough bytes to amortise its launch and reductions.
 TILE_ELEMENTS = 4096
-# Elements of each tensor a thread holds: 16 bf16 values are two 16-byte loads
-# in flight per thread, enough to hide memory latency without spilling.
-ELEMENTS_PER_THREAD = 16
-# Warps per program: at least 4 to keep a tile's loads wide, at most 16 so that
-# a thread can use up to 128 registers (the SM has 64K for 512 threads).
-MIN_WARPS, MAX_WARPS = 4, 16
-# Persistent programs per SM in backward kernels that accumulate dw/db: two lets
-# one program load while the other reduces; more would grow the (P x N) scratch.
+# Elements of each tensor a thread holds, which sets a program's warps. 32 where
+# a program reads one tile and exits (four 16-byte bf16 loads per tensor in
+# flight, and several programs per SM); 16 where a program loops, over the tiles
+# of a persistent grid or the chunks of a long row: more warps share the work of
+# the one or two programs an SM holds, and leave registers for accumulators.
+ELEMENTS_PER_THREAD = 32
+LOOP_ELEMENTS_PER_THREAD = 16
+# Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
+# threads, the hardware limit).
+MIN_WARPS, MAX_WARPS = 4, 32
+# Persistent grids: threads per SM to aim for. The programs loop over tiles
+# through a software pipeline, so 512 threads keep memory busy, and at up to
+# 128 registers each they fit an SM's 64K registers.
+THREADS_PER_SM = 512
+# Software pipelining of a persistent program's loop over tiles (and of the
+# column-tiled dw/db and GroupNorm loops): Triton copies the loads of the next
+# PIPELINE_STAGES - 1 iterations into shared memory (cp.async) while the current
+# one computes, so a program keeps memory busy through its reductions.
+PIPELINE_STAGES = 3
+# Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
+# system reserve and Triton's scratch for cross-warp reductions.
+SMEM_RESERVE = 8192
+# Programs per SM of the column-tiled dw/db kernel: the row slices it splits M
+# into, and so the rows of its (S x N) scratch.
 PROGRAMS_PER_SM = 2
 # Rows too long for registers get dw/db from a column-tiled kernel: [DW_BLOCK_M,
 # DW_BLOCK_N] tiles (512-byte bf16 row segments keep the loads coalesced).
@@ -129,10 +146,11 @@ INTERPRETER_SMS = 3
 # Tile of the final partial-sum reduction: PARTIAL_ROWS partial rows are summed
 # per step, over PARTIAL_COLS columns per program.
 PARTIAL_ROWS, PARTIAL_COLS = 32, 128
-# GroupNorm: elements of a (channels x spatial) tile, and the programs per SM to
-# aim for when a batch has fewer (sample, group) rows than SMs: each row is then
-# split over several programs by channels.
-GROUP_TILE_ELEMENTS = 8192
+# GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
+# that two share an SM; 8192 and 16384 measured slower), and the programs per
+# SM to aim for when a batch has fewer (sample, group) rows than SMs: each row
+# is then split over several programs by channels.
+GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -154,8 +172,24 @@ def _num_sms(device: torch.device) -> int:
     return INTERPRETER_SMS
 
 
-def _warps_for(elements: int) -> int:
-    return max(MIN_WARPS, min(MAX_WARPS, elements // (32 * ELEMENTS_PER_THREAD)))
+@functools.lru_cache(maxsize=None)
+def _smem_per_sm_of(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_multiprocessor
+
+
+def _pipeline_stages(bytes_per_iteration: int, programs_per_sm: int, device: torch.device) -> int:
+    """Pipeline depth for a loop loading `bytes_per_iteration`, such that the
+    shared-memory buffers of `programs_per_sm` programs fit in an SM. Triton
+    allocates depth - 1 buffers; the budget counts depth, for headroom."""
+    if device.type != "cuda":
+        return PIPELINE_STAGES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    budget = _smem_per_sm_of(index) // programs_per_sm - SMEM_RESERVE
+    return max(1, min(PIPELINE_STAGES, budget // bytes_per_iteration))
+
+
+def _warps_for(elements: int, elements_per_thread: int) -> int:
+    return max(MIN_WARPS, min(MAX_WARPS, elements // (32 * elements_per_thread)))
 
 
 def _pow2(n: int) -> int:
@@ -172,16 +206,43 @@ class _RowTiling(NamedTuple):
     num_tiles: int
 
 
-def _row_tiling(M: int, N: int, block_max: Optional[int] = None) -> _RowTiling:
-    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, TILE_ELEMENTS, ELEMENTS_PER_THREAD)
+def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
+    """Tiles for the row kernels: for one program per tile, or for a persistent
+    grid (rows up to TRAIN_ROW_BLOCK_MAX in one pass, LOOP_ELEMENTS_PER_THREAD)."""
+    block_max, ept = (TRAIN_ROW_BLOCK_MAX, LOOP_ELEMENTS_PER_THREAD) if persistent else \
+        (ROW_BLOCK_MAX, ELEMENTS_PER_THREAD)
+    return _row_tiling_cached(M, N, block_max, TILE_ELEMENTS, ept, LOOP_ELEMENTS_PER_THREAD, MAX_WARPS)
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
-def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread):
+def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, loop_elements_per_thread, _max_warps):
     block_n = min(_pow2(N), block_max)
     one_pass = N <= block_n
     rows = min(max(1, tile_elements // block_n), _pow2(M)) if one_pass else 1
-    return _RowTiling(rows, block_n, one_pass, _warps_for(rows * block_n), _cdiv(M, rows))
+    warps = _warps_for(rows * block_n, elements_per_thread if one_pass else loop_elements_per_thread)
+    return _RowTiling(rows, block_n, one_pass, warps, _cdiv(M, rows))
+
+
+class _Grid(NamedTuple):
+    """A launch over a _RowTiling's tiles: P programs, each taking every P-th tile."""
+    programs: int
+    tiles_per_program: int
+    stages: int      # software-pipeline depth of a program's loop over its tiles
+
+
+def _row_grid(t: _RowTiling, bytes_per_element: int, device: torch.device, persistent: bool) -> _Grid:
+    """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
+    program looping over tiles through a software pipeline) or one program per
+    tile. `bytes_per_element`: the bytes the loop loads per element of a tile."""
+    if not persistent:
+        return _Grid(t.num_tiles, 1, 1)
+    per_sm = max(1, THREADS_PER_SM // (32 * t.num_warps))
+    programs = min(t.num_tiles, per_sm * _num_sms(device))
+    tiles_per_program = _cdiv(t.num_tiles, programs)
+    stages = 1
+    if t.one_pass and tiles_per_program > 1:
+        stages = _pipeline_stages(t.rows * t.block_n * bytes_per_element, per_sm, device)
+    return _Grid(programs, tiles_per_program, stages)
 
 
 def _interpreting() -> bool:
@@ -503,7 +564,7 @@ def _row_norm_bwd_kernel(
     M, N, stride_dy, stride_x, stride_ds, stride_dx, offset, tiles_per_program,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -512,8 +573,9 @@ def _row_norm_bwd_kernel(
     its rows into fp32 registers and writes one row of DWp / DBp.
 
     Grid: (P,). Program p handles tiles p, p + P, p + 2P, ... (tiles_per_program
-    of them): P = number of tiles unless this kernel accumulates dw/db, then a
-    persistent grid of PROGRAMS_PER_SM programs per SM (at most one per tile).
+    of them): for rows up to TRAIN_ROW_BLOCK_MAX a persistent grid of about
+    THREADS_PER_SM threads per SM (at most one program per tile), for longer
+    rows one program per tile.
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
     Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous.
@@ -532,6 +594,8 @@ def _row_norm_bwd_kernel(
                   c1/c2 and pass 2 backwards (L2 hits) for dx; an N-wide
                   accumulator would not fit in registers, so dw/db come from
                   `_row_norm_dwdb_kernel` instead.
+      STAGES      the software pipeline's depth over a program's tiles (one-pass
+                  only); 1 removes it and its shared-memory buffers.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -543,7 +607,7 @@ def _row_norm_bwd_kernel(
             dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         if COMPUTE_DB:
             db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for i in range(0, tiles_per_program):
+        for i in tl.range(0, tiles_per_program, num_stages=STAGES):
             rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
             mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
             x_offs, mask = _tile(rows, cols, M, N, stride_x)
@@ -608,7 +672,7 @@ def _row_norm_dwdb_kernel(
     DY, X, Mean, Rstd, DWp, DBp,     # DY, X: (M, N); Mean, Rstd: (M,) fp32; DWp, DBp: (S, N) fp32
     M, N, stride_dy, stride_x, rows_per_split,
     CENTER: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows, for long rows.
 
@@ -622,14 +686,15 @@ def _row_norm_dwdb_kernel(
     Pointers: DY, X (M, N) with unit column stride; Mean, Rstd (M,) fp32;
     DWp, DBp contiguous (S, N) fp32. Any float dtypes for DY and X.
     Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store;
-    CENTER False removes the mean (RMSNorm).
+    CENTER False removes the mean (RMSNorm). STAGES is the software pipeline's
+    depth over the row blocks.
     """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     row_end = tl.minimum(M, (split + 1) * rows_per_split)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for r0 in range(split * rows_per_split, row_end, BLOCK_M):
+    for r0 in tl.range(split * rows_per_split, row_end, BLOCK_M, num_stages=STAGES):
         rows = r0 + tl.arange(0, BLOCK_M)
         rstd = tl.load(Rstd + rows, mask=rows < row_end, other=0.0)
         dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
@@ -690,29 +755,29 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
-    t = _row_tiling(M, N, TRAIN_ROW_BLOCK_MAX if trains else ROW_BLOCK_MAX)
-    # dw/db are accumulated by the main kernel when a row fits in registers beside
-    # the accumulators; otherwise `_row_norm_dwdb` sums them by columns and the
-    # main kernel, tiled as for frozen parameters, computes dx alone.
-    fused = trains and t.one_pass
+    # Rows that fit in registers beside dw/db accumulators: a persistent grid,
+    # whose programs also accumulate dw/db when asked. Longer rows: one program
+    # per tile computes dx, and `_row_norm_dwdb` sums dw/db by columns.
+    t = _row_tiling(M, N, persistent=True)
+    persistent = t.one_pass
+    fused = trains and persistent
+    if not persistent:
+        t = _row_tiling(M, N)
+    g = _row_grid(t, x.element_size() + dy.element_size() + (0 if ds is None else ds.element_size()),
+                  x.device, persistent)
     dw_partial = db_partial = None
     if fused:
-        programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device))
-        new_partial = functools.partial(torch.empty, (programs, N), dtype=torch.float32, device=x.device)
+        new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
         dw_partial = new_partial() if compute_dw else None
         db_partial = new_partial() if compute_db else None
-    else:
-        if trains:
-            t = _row_tiling(M, N)
-        programs = t.num_tiles
     if compute_dx or fused:
-        _row_norm_bwd_kernel[(programs,)](
+        _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0),
-            0 if dx is None else dx.stride(0), float(offset), _cdiv(t.num_tiles, programs),
+            0 if dx is None else dx.stride(0), float(offset), g.tiles_per_program,
             CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw and fused, COMPUTE_DB=compute_db and fused,
-            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
     if trains and not fused:
         dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
@@ -733,10 +798,13 @@ def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
     new_partial = functools.partial(torch.empty, (splits, N), dtype=torch.float32, device=x.device)
     dw_partial = new_partial() if compute_dw else None
     db_partial = new_partial() if compute_db else None
+    tile_bytes = DW_BLOCK_M * DW_BLOCK_N * (dy.element_size() + (x.element_size() if compute_dw else 0))
     _row_norm_dwdb_kernel[(col_blocks, splits)](
-        dy, x, mean, rstd, dw_partial, db_partial, M, N, dy.stride(0), x.stride(0), rows_per_split,
-        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N, num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N))
+        dy, x, mean, rstd, dw_partial, db_partial,
+        M, N, dy.stride(0), x.stride(0), rows_per_split,
+        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=DW_BLOCK_M,
+        BLOCK_N=DW_BLOCK_N, STAGES=_pipeline_stages(tile_bytes, PROGRAMS_PER_SM, x.device),
+        num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N, LOOP_ELEMENTS_PER_THREAD))
     return dw_partial, db_partial
 
 
@@ -1064,8 +1132,8 @@ def _group_row(pid, S, C, HW, Cg, channels_per_split):
 def _group_norm_fwd_kernel(
     X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, 2 + 2S) fp32
     C, HW, Cg, channels_per_split, S, stats_stride, eps,
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    STAGES: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
 ):
     """GroupNorm forward: y = (x - mean) * rstd * w[c] + b[c], per (sample, group) row.
 
@@ -1082,6 +1150,7 @@ def _group_norm_fwd_kernel(
                              run in reverse order, to re-read from L2 what the
                              stats launch read last.
     HAS_W, HAS_B: False removes the load and use of w (b).
+    STAGES: the software pipeline's depth over the tiles of a pass.
     """
     pid = tl.program_id(0)
     if not DO_STATS:
@@ -1089,19 +1158,22 @@ def _group_norm_fwd_kernel(
     row, split, base, c_lo, c_hi = _group_row(pid, S, C, HW, Cg, channels_per_split)
     eps = tl.cast(eps, tl.float32)
     stats_row = Stats + row.to(tl.int64) * stats_stride
+    num_hw = tl.cdiv(HW, BLOCK_HW)
+    num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw   # [BLOCK_C, BLOCK_HW] tiles, channel-major
     if DO_STATS:
         mean = tl.full([], 0.0, tl.float32)
         m2 = mean
         count = mean
-        for c0 in range(c_lo, c_hi, BLOCK_C):
-            for h0 in range(0, HW, BLOCK_HW):
-                offs, mask = _tile(c0 + tl.arange(0, BLOCK_C), h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-                x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
-                n_b = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
-                mean_b = tl.sum(x) / n_b
-                d = tl.where(mask, x - mean_b, 0.0)
-                mean, m2 = _merge_moments(mean, m2, count, mean_b, tl.sum(d * d), n_b)
-                count += n_b
+        for t in tl.range(0, num_tiles, num_stages=STAGES):
+            c0 = c_lo + (t // num_hw) * BLOCK_C
+            h0 = (t % num_hw) * BLOCK_HW
+            offs, mask = _tile(c0 + tl.arange(0, BLOCK_C), h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+            x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+            n_b = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
+            mean_b = tl.sum(x) / n_b
+            d = tl.where(mask, x - mean_b, 0.0)
+            mean, m2 = _merge_moments(mean, m2, count, mean_b, tl.sum(d * d), n_b)
+            count += n_b
         if not DO_APPLY:
             tl.store(stats_row + 2 + 2 * split, mean)
             tl.store(stats_row + 3 + 2 * split, m2)
@@ -1119,9 +1191,7 @@ def _group_norm_fwd_kernel(
         if split == 0:
             tl.store(stats_row, mean)
             tl.store(stats_row + 1, rstd)
-        num_hw = tl.cdiv(HW, BLOCK_HW)
-        num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw
-        for k in range(0, num_tiles):   # the tiles of pass 1, last first
+        for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
             t = num_tiles - 1 - k
             c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
             offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
@@ -1138,7 +1208,8 @@ def _group_norm_bwd_kernel(
     DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, 2 + 2S); DWp, DBp: (B, C) fp32
     C, HW, Cg, channels_per_split, S, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    DO_SUMS: tl.constexpr, DO_DX: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
+    DO_DX: tl.constexpr,
 ):
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
@@ -1155,6 +1226,7 @@ def _group_norm_bwd_kernel(
       COMPUTE_DW, COMPUTE_DB  the stores of A, D into DWp, DBp.
       COMPUTE_DX              the row sums' use, pass 2 and the DX stores.
       HAS_W                   the loads of w (g = dy).
+    STAGES: the software pipeline's depth over the tiles of a pass.
     """
     pid = tl.program_id(0)
     if not DO_SUMS:
@@ -1172,7 +1244,7 @@ def _group_norm_bwd_kernel(
             # reduction per tile (and Triton 3.6 fails to compile the latter here).
             A_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
             D_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-            for h0 in range(0, HW, BLOCK_HW):
+            for h0 in tl.range(0, HW, BLOCK_HW, num_stages=STAGES):
                 offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
                 x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
@@ -1208,7 +1280,7 @@ def _group_norm_bwd_kernel(
         c2 = sum_g / (Cg * HW)
         num_hw = tl.cdiv(HW, BLOCK_HW)
         num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw
-        for k in range(0, num_tiles):   # the tiles of pass 1, last first
+        for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
             t = num_tiles - 1 - k
             c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
             offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
@@ -1226,9 +1298,11 @@ class _GroupTiling(NamedTuple):
     block_c: int
     block_hw: int
     num_warps: int
+    stages: int               # software-pipeline depth of the tile loops
 
 
-def _group_tiling(B: int, C: int, HW: int, G: int, device: torch.device) -> _GroupTiling:
+def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: torch.device) -> _GroupTiling:
+    """Splits and tiles for GroupNorm; `element_bytes`: the loads per element of a tile loop."""
     Cg = C // G
     target = GROUP_PROGRAMS_PER_SM * _num_sms(device)
     splits = 1 if B * G >= _num_sms(device) else min(Cg, _cdiv(target, max(B * G, 1)))
@@ -1236,7 +1310,9 @@ def _group_tiling(B: int, C: int, HW: int, G: int, device: torch.device) -> _Gro
     splits = _cdiv(Cg, per_split)
     block_hw = min(_pow2(HW), GROUP_TILE_ELEMENTS)
     block_c = min(_pow2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
-    return _GroupTiling(splits, per_split, block_c, block_hw, _warps_for(block_c * block_hw))
+    num_warps = _warps_for(block_c * block_hw, LOOP_ELEMENTS_PER_THREAD)
+    stages = _pipeline_stages(block_c * block_hw * element_bytes, max(1, THREADS_PER_SM // (32 * num_warps)), device)
+    return _GroupTiling(splits, per_split, block_c, block_hw, num_warps, stages)
 
 
 def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -1244,7 +1320,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3 = x.reshape(B, C, HW).contiguous()
-    t = _group_tiling(B, C, HW, num_groups, x.device)
+    t = _group_tiling(B, C, HW, num_groups, x.element_size(), x.device)
     y = torch.empty_like(x3)
     stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
     if x3.numel() == 0:
@@ -1253,7 +1329,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
         _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
         C, HW, C // num_groups, t.channels_per_split, t.splits, stats.stride(0), float(eps),
         HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw,
-        num_warps=t.num_warps)
+        STAGES=t.stages, num_warps=t.num_warps)
     if t.splits == 1:
         launch(DO_STATS=True, DO_APPLY=True)
     else:
@@ -1282,7 +1358,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return (None if dx is None else dx.view(x.shape)), (dw.zero_() if compute_dw else None), \
             (db.zero_() if compute_db else None)
-    t = _group_tiling(B, C, HW, num_groups, x.device)
+    t = _group_tiling(B, C, HW, num_groups, x.element_size() + dy.element_size(), x.device)
     splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
     per_split = _cdiv(C // num_groups, splits)
     new_partial = functools.partial(torch.empty, (B, C), dtype=torch.float32, device=x.device)
@@ -1292,7 +1368,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
         _group_norm_bwd_kernel[(B * num_groups * splits,)], dy3, x3, _vector(weight), stats, dx,
         dw_partial, db_partial, C, HW, C // num_groups, per_split, splits, stats.stride(0),
         HAS_W=weight is not None, COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        BLOCK_C=min(t.block_c, _pow2(per_split)), BLOCK_HW=t.block_hw, num_warps=t.num_warps)
+        BLOCK_C=min(t.block_c, _pow2(per_split)), BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps)
     if compute_dx and splits == 1:
         launch(DO_SUMS=True, DO_DX=True)
     else:
@@ -1381,6 +1457,19 @@ def _poly_moments(x):
 
 
 @triton.jit
+def _poly_rstd(s1, s2, s3, N, eps):
+    """r_k = 1 / sqrt(mean(x^(2k)) + eps) from the row sums s_k = sum(x^(2k))."""
+    return 1.0 / tl.sqrt(s1 / N + eps), 1.0 / tl.sqrt(s2 / N + eps), 1.0 / tl.sqrt(s3 / N + eps)
+
+
+@triton.jit
+def _store_poly_stats(Rstd, rows, M, r1, r2, r3):
+    tl.store(Rstd + rows * 3, r1, mask=rows < M)
+    tl.store(Rstd + rows * 3 + 1, r2, mask=rows < M)
+    tl.store(Rstd + rows * 3 + 2, r3, mask=rows < M)
+
+
+@triton.jit
 def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
     x2 = x * x
     return w0 * r3[:, None] * (x2 * x) + w1 * r2[:, None] * x2 + w2 * r1[:, None] * x + bias
@@ -1389,53 +1478,58 @@ def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
 @triton.jit
 def _poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # X, Y: (M, N); W: (3,); B: (1,); Rstd: (M, 3) fp32
-    M, N, stride_x, stride_y, eps,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+    M, N, stride_x, stride_y, eps, tiles_per_program,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b.
 
-    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of rows per program, as the
-    row norms (section 4); Rstd receives (r1, r2, r3) per row.
+    Grid: (P,), program p takes tiles p, p + P, ... of [ROWS, BLOCK_N] rows
+    (tiles_per_program of them): a persistent grid when a row fits in one tile,
+    else one program per tile. Rstd receives (r1, r2, r3) per row.
     Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
     ONE_PASS: as `_row_norm_fwd_kernel` (False: two passes over chunks).
+    STAGES: as `_row_norm_bwd_kernel`.
     """
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
     eps = tl.cast(eps, tl.float32)
     w0 = tl.load(W).to(tl.float32)
     w1 = tl.load(W + 1).to(tl.float32)
     w2 = tl.load(W + 2).to(tl.float32)
     bias = tl.load(B).to(tl.float32)
     if ONE_PASS:
-        x_offs, mask = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_x)
-        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-        s1, s2, s3 = _poly_moments(x)
-    else:
-        s1 = tl.zeros([ROWS], dtype=tl.float32)
-        s2 = s1
-        s3 = s1
-        for start in range(0, N, BLOCK_N):
-            x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
-            m1, m2, m3 = _poly_moments(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32))
-            s1 += m1
-            s2 += m2
-            s3 += m3
-    r1 = 1.0 / tl.sqrt(s1 / N + eps)
-    r2 = 1.0 / tl.sqrt(s2 / N + eps)
-    r3 = 1.0 / tl.sqrt(s3 / N + eps)
-    if ONE_PASS:
-        y_offs, _ = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_y)
-        tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
+        cols = tl.arange(0, BLOCK_N)
+        for i in tl.range(0, tiles_per_program, num_stages=STAGES):
+            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+            x_offs, mask = _tile(rows, cols, M, N, stride_x)
+            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+            s1, s2, s3 = _poly_moments(x)
+            r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
+            y_offs, _ = _tile(rows, cols, M, N, stride_y)
+            tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
+            _store_poly_stats(Rstd, rows, M, r1, r2, r3)
     else:
         last = (N - 1) // BLOCK_N * BLOCK_N
-        for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
-            cols = (last - k) + tl.arange(0, BLOCK_N)
-            x_offs, mask = _tile(rows, cols, M, N, stride_x)
-            y_offs, _ = _tile(rows, cols, M, N, stride_y)
-            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
-    tl.store(Rstd + rows * 3, r1, mask=rows < M)
-    tl.store(Rstd + rows * 3 + 1, r2, mask=rows < M)
-    tl.store(Rstd + rows * 3 + 2, r3, mask=rows < M)
+        for i in range(0, tiles_per_program):
+            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+            s1 = tl.zeros([ROWS], dtype=tl.float32)
+            s2 = s1
+            s3 = s1
+            for start in range(0, N, BLOCK_N):
+                x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
+                m1, m2, m3 = _poly_moments(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32))
+                s1 += m1
+                s2 += m2
+                s3 += m3
+            r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
+            for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
+                cols = (last - k) + tl.arange(0, BLOCK_N)
+                x_offs, mask = _tile(rows, cols, M, N, stride_x)
+                y_offs, _ = _tile(rows, cols, M, N, stride_y)
+                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+                tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty),
+                         mask=mask)
+            _store_poly_stats(Rstd, rows, M, r1, r2, r3)
 
 
 @triton.jit
@@ -1461,7 +1555,7 @@ def _poly_norm_bwd_kernel(
     DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3); Partial: (P, 4) fp32
     M, N, stride_dy, stride_x, stride_dx, tiles_per_program,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
 ):
     """PolyNorm backward: dx (see section 8), and per-program sums for dw and db.
 
@@ -1475,6 +1569,7 @@ def _poly_norm_bwd_kernel(
                   stay: dx needs them).
       COMPUTE_DB  the dy row sum, its accumulator and its store.
       ONE_PASS    as in `_row_norm_bwd_kernel`.
+      STAGES      the software pipeline's depth over a program's tiles (one-pass only).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -1486,7 +1581,7 @@ def _poly_norm_bwd_kernel(
     acc_w1 = acc
     acc_w2 = acc
     acc_b = acc
-    for i in range(0, tiles_per_program):
+    for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
         r1 = tl.load(Rstd + rows * 3, mask=rows < M, other=0.0)
         r2 = tl.load(Rstd + rows * 3 + 1, mask=rows < M, other=0.0)
@@ -1554,10 +1649,14 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
     if M:
+        # A persistent grid for rows read once: PolyNorm's forward holds x and
+        # its powers, too many registers for several programs per SM to overlap.
         t = _row_tiling(M, N)
-        _poly_norm_fwd_kernel[(t.num_tiles,)](
-            x2, y, _vector(weight), _vector(bias), rstd, M, N, x2.stride(0), y.stride(0), float(eps),
-            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+        g = _row_grid(t, x2.element_size(), x.device, persistent=t.one_pass)
+        _poly_norm_fwd_kernel[(g.programs,)](
+            x2, y, _vector(weight), _vector(bias), rstd,
+            M, N, x2.stride(0), y.stride(0), float(eps), g.tiles_per_program,
+            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
     return y.view(x.shape), rstd
 
 
@@ -1575,15 +1674,21 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return _grad_view(dx, x), (dw.zero_() if compute_dw else None), \
             (db.zero_().view(bias.shape) if compute_db else None)
-    t = _row_tiling(M, N)
+    # Tiled as the row norms' backward, but persistent whenever a row is read
+    # once: this kernel holds x, dy and the powers of x, too many registers for
+    # several programs per SM to overlap. The scalar dw/db sums need a
+    # persistent grid at any row length.
     trains = compute_dw or compute_db
-    programs = min(t.num_tiles, PROGRAMS_PER_SM * _num_sms(x.device)) if trains else t.num_tiles
-    partial = torch.empty((programs, 4), dtype=torch.float32, device=x.device) if trains else None
-    _poly_norm_bwd_kernel[(programs,)](
-        dy2, x2, _vector(weight), rstd, dx, partial, M, N, dy2.stride(0), x2.stride(0),
-        0 if dx is None else dx.stride(0), _cdiv(t.num_tiles, programs),
+    t = _row_tiling(M, N, persistent=True)
+    if not t.one_pass:
+        t = _row_tiling(M, N)
+    g = _row_grid(t, x2.element_size() + dy2.element_size(), x.device, t.one_pass or trains)
+    partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
+    _poly_norm_bwd_kernel[(g.programs,)](
+        dy2, x2, _vector(weight), rstd, dx, partial,
+        M, N, dy2.stride(0), x2.stride(0), 0 if dx is None else dx.stride(0), g.tiles_per_program,
         COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, num_warps=t.num_warps)
+        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return _grad_view(dx, x), dw, (None if db is None else db.view(bias.shape))
 
