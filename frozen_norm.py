@@ -456,17 +456,15 @@ def _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W: tl.constexpr, HAS_B
 
 
 @triton.jit
-def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr,
-                    EVICT: tl.constexpr):
+def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr):
     """x of a tile in fp32, and its mask. With HAS_RESIDUAL: x + r, rounded to S's
     dtype and stored to S, because the next block sees (and we normalize) that."""
     x_offs, mask = _tile(rows, cols, M, N, stride_x)
-    x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r_offs, _ = _tile(rows, cols, M, N, stride_r)
         s_offs, _ = _tile(rows, cols, M, N, stride_s)
-        r = tl.load(R + r_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-        s = (x + r).to(S.dtype.element_ty)
+        s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
         tl.store(S + s_offs, s, mask=mask)
         x = s.to(tl.float32)
     return x, mask
@@ -503,7 +501,7 @@ def _row_norm_fwd_kernel(
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
     if ONE_PASS:
         cols = tl.arange(0, BLOCK_N)
-        x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL, "")
+        x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
         mean, m2 = _chunk_moments(x, mask, N, CENTER)
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         y_offs, _ = _tile(rows, cols, M, N, stride_y)
@@ -515,8 +513,7 @@ def _row_norm_fwd_kernel(
         m2 = tl.zeros([ROWS], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL,
-                                      "evict_last")
+            x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
             n_b = tl.cast(tl.minimum(N - start, BLOCK_N), tl.float32)
             mean_b, m2_b = _chunk_moments(x, mask, n_b, CENTER)
             mean, m2 = _merge_moments(mean, m2, tl.cast(start, tl.float32), mean_b, m2_b, n_b)
@@ -527,10 +524,10 @@ def _row_norm_fwd_kernel(
             cols = (last - k) + tl.arange(0, BLOCK_N)
             if HAS_RESIDUAL:
                 x_offs, mask = _tile(rows, cols, M, N, stride_s)
-                x = tl.load(S + x_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                x = tl.load(S + x_offs, mask=mask, other=0.0).to(tl.float32)
             else:
                 x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
             y_offs, _ = _tile(rows, cols, M, N, stride_y)
             y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
             tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
@@ -550,13 +547,12 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
 
 
 @triton.jit
-def _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy, offset, HAS_W: tl.constexpr,
-                 EVICT: tl.constexpr):
+def _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy, offset, HAS_W: tl.constexpr):
     """xhat = (x - mean) * rstd (0 outside the tile) and g = dy * (o + w) of a tile, in fp32."""
     x_offs, mask = _tile(rows, cols, M, N, stride_x)
     dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-    x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    g = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_W:
         g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
     return tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0), g, mask
@@ -652,7 +648,7 @@ def _row_norm_bwd_kernel(
             sum_g = tl.zeros([ROWS], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
                 xhat, g, _ = _load_xhat_g(X, DY, W, rows, start + tl.arange(0, BLOCK_N), mean, rstd, M, N,
-                                          stride_x, stride_dy, offset, HAS_W, "evict_last")
+                                          stride_x, stride_dy, offset, HAS_W)
                 sum_xhat_g += tl.sum(xhat * g, axis=1)
                 if CENTER:
                     sum_g += tl.sum(g, axis=1)
@@ -662,7 +658,7 @@ def _row_norm_bwd_kernel(
             for k in range(0, N, BLOCK_N):
                 cols = (last - k) + tl.arange(0, BLOCK_N)
                 xhat, g, mask = _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy,
-                                             offset, HAS_W, "evict_first")
+                                             offset, HAS_W)
                 dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
                 if HAS_DS:
                     ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
@@ -1172,7 +1168,7 @@ def _group_norm_fwd_kernel(
             c0 = c_lo + (t // num_hw) * BLOCK_C
             h0 = (t % num_hw) * BLOCK_HW
             offs, mask = _tile(c0 + tl.arange(0, BLOCK_C), h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-            x = tl.load(X + base + offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
             n_b = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
             mean_b = tl.sum(x) / n_b
             d = tl.where(mask, x - mean_b, 0.0)
@@ -1199,8 +1195,7 @@ def _group_norm_fwd_kernel(
             t = num_tiles - 1 - k
             c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
             offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-            y = (tl.load(X + base + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                 - mean) * rstd
+            y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
             if HAS_W:
                 y = y * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
             if HAS_B:
@@ -1251,8 +1246,8 @@ def _group_norm_bwd_kernel(
             D_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
             for h0 in tl.range(0, HW, BLOCK_HW, num_stages=STAGES):
                 offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-                x = tl.load(X + base + offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-                dy = tl.load(DY + base + offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+                x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
                 A_tile += dy * tl.where(mask, (x - mean) * rstd, 0.0)
                 D_tile += dy
             A = tl.sum(A_tile, axis=1)
@@ -1289,8 +1284,8 @@ def _group_norm_bwd_kernel(
             t = num_tiles - 1 - k
             c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
             offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-            x = tl.load(X + base + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            g = tl.load(DY + base + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
             if HAS_W:
                 g = g * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
             dx = (g - (x - mean) * rstd * c1 - c2) * rstd
@@ -1522,8 +1517,7 @@ def _poly_norm_fwd_kernel(
             s3 = s1
             for start in range(0, N, BLOCK_N):
                 x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
-                m1, m2, m3 = _poly_moments(
-                    tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32))
+                m1, m2, m3 = _poly_moments(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32))
                 s1 += m1
                 s2 += m2
                 s3 += m3
@@ -1532,7 +1526,7 @@ def _poly_norm_fwd_kernel(
                 cols = (last - k) + tl.arange(0, BLOCK_N)
                 x_offs, mask = _tile(rows, cols, M, N, stride_x)
                 y_offs, _ = _tile(rows, cols, M, N, stride_y)
-                x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
                 tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty),
                          mask=mask)
             _store_poly_stats(Rstd, rows, M, r1, r2, r3)
@@ -1607,9 +1601,9 @@ def _poly_norm_bwd_kernel(
             for start in range(0, N, BLOCK_N):
                 x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
                 dy_offs, _ = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_dy)
-                x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-                dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-                t1, t2, t3, tdy = _poly_row_sums(x, dy, r1, r2, r3)
+                t1, t2, t3, tdy = _poly_row_sums(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32),
+                                                 tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32),
+                                                 r1, r2, r3)
                 s1 += t1
                 s2 += t2
                 s3 += t3
@@ -1635,8 +1629,8 @@ def _poly_norm_bwd_kernel(
                     x_offs, mask = _tile(rows, cols, M, N, stride_x)
                     dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
                     dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-                    x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                    dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+                    dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
                     tl.store(DX + dx_offs, _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2)
                              .to(DX.dtype.element_ty), mask=mask)
     if COMPUTE_DW:
