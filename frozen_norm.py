@@ -19,6 +19,9 @@ What you will learn by reading it
   removes.
 * A deterministic weight-gradient reduction without atomics: per-program fp32
   partial sums in registers, then one small fixed-order sum.
+* A persistent grid whose loop over tiles Triton software-pipelines
+  (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
+  through shared memory, while the current tile is reduced).
 * Rows too long for registers: a chunk loop whose second pass runs backwards so
   it re-reads from L2 what the first pass just brought in.
 * How to compile a kernel for an NVIDIA GPU on a machine without one and look
@@ -215,7 +218,10 @@ def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
-def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, loop_elements_per_thread, _max_warps):
+def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, loop_elements_per_thread, max_warps):
+    # Every constant the plan depends on is an argument, so that a changed
+    # constant (the benchmark's --set) plans afresh; max_warps only keys the
+    # cache (_warps_for reads MAX_WARPS).
     block_n = min(_pow2(N), block_max)
     one_pass = N <= block_n
     rows = min(max(1, tile_elements // block_n), _pow2(M)) if one_pass else 1
@@ -425,11 +431,18 @@ def _reduce_partials(*pairs) -> None:
 # `_row_norm_dwdb_kernel` swaps the loops (each program owns a block of columns
 # and walks the rows), at the price of reading x and dy a second time.
 #
+# A persistent program walks its tiles one after another, and each tile ends in
+# row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
+# asks Triton to pipeline the loop: it issues the loads of the next STAGES - 1
+# tiles as asynchronous copies into shared memory (cp.async) before it computes
+# the current one, so one or two programs per SM keep memory busy. The frozen
+# backward runs on the same pipelined grid; measured, it beat one program per
+# tile (NOTES.md, section 6).
+#
 # What a frozen w removes: all of (2), i.e. the accumulator's registers, the
-# multiply-add per element, the (P x N) fp32 scratch and its writes, the second
-# launch, and the persistent grid (each program can take one tile and leave).
-# g still needs the *value* of w. What an x without grad removes: (1), i.e. the
-# c1 reduction and the dx stores.
+# multiply-add per element, the (P x N) fp32 scratch and its writes, and the
+# second launch. g still needs the *value* of w. What an x without grad
+# removes: (1), i.e. the c1 reduction and the dx stores.
 #
 # The same two kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS) and
 # LayerNorm (CENTER, HAS_B); sections 5 and 6 explain those deltas.
@@ -739,11 +752,11 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
                        weight_dtype=None, bias_dtype=None):
     """Launches the row backward on (M, N) rows. Returns dx, dw, db (None where not asked).
 
-    Rows that fit in registers (N <= TRAIN_ROW_BLOCK_MAX with dw/db, else
-    ROW_BLOCK_MAX): one kernel; with dw/db asked it runs a persistent grid and
-    leaves one (P, N) fp32 buffer per trained parameter, P = min(tiles,
-    PROGRAMS_PER_SM x SMs) (264 rows on an H200: 4.3 MB at N = 4096).
-    Longer rows: dx from the two-pass kernel, and dw/db from `_row_norm_dwdb`
+    Rows up to TRAIN_ROW_BLOCK_MAX: one kernel on a persistent grid of P =
+    min(tiles, SMs x THREADS_PER_SM / threads per program) programs; with dw/db
+    asked it leaves one (P, N) fp32 buffer per trained parameter (264 rows on an
+    H200 at N = 4096: 4.3 MB). Longer rows: dx from one program per tile (two
+    passes over chunks beyond ROW_BLOCK_MAX), and dw/db from `_row_norm_dwdb`
     into an (S, N) fp32 buffer, S about 2 x SMs / (N / DW_BLOCK_N), at least 1
     (S = 3 at N = 32768 on an H200: 0.4 MB).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
@@ -1311,7 +1324,8 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
     block_hw = min(_pow2(HW), GROUP_TILE_ELEMENTS)
     block_c = min(_pow2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
     num_warps = _warps_for(block_c * block_hw, LOOP_ELEMENTS_PER_THREAD)
-    stages = _pipeline_stages(block_c * block_hw * element_bytes, max(1, THREADS_PER_SM // (32 * num_warps)), device)
+    programs_per_sm = max(1, THREADS_PER_SM // (32 * num_warps))
+    stages = _pipeline_stages(block_c * block_hw * element_bytes, programs_per_sm, device)
     return _GroupTiling(splits, per_split, block_c, block_hw, num_warps, stages)
 
 
