@@ -460,6 +460,22 @@ def test_non_contiguous(name, layout):
             assert rel_error(v.grad, d64[k].grad) < 2e-5, k
 
 
+@pytest.mark.parametrize("smem_kib", [100, 164, 228])   # an Ada or Blackwell consumer GPU, A100, H100 / H200
+def test_pipeline_buffers_fit_shared_memory(monkeypatch, smem_kib):
+    """The software pipeline's depth leaves the buffers of every program sharing
+    an SM inside its shared memory, and still pipelines where they fit."""
+    monkeypatch.setattr(fn, "_smem_per_sm_of", lambda index: smem_kib * 1024)
+    cuda = torch.device("cuda", 0)
+    for tile_bytes in (4096 * 2 * 2, 8192 * 2 * 4, 8192 * 2 * 8, 16384 * 8):
+        for programs_per_sm in (1, 2, 4):
+            stages = fn._pipeline_stages(tile_bytes, programs_per_sm, cuda)
+            assert 1 <= stages <= fn.PIPELINE_STAGES
+            # Triton allocates stages - 1 tile buffers per program.
+            assert programs_per_sm * ((stages - 1) * tile_bytes + fn.SMEM_RESERVE) <= smem_kib * 1024
+    if smem_kib >= 164:   # bf16 x and dy at N = 4096, two programs per SM: the full depth fits
+        assert fn._pipeline_stages(4096 * 2 * 2, 2, cuda) == fn.PIPELINE_STAGES
+
+
 @pytest.mark.parametrize("name", list(OPS))
 def test_nan_stays_in_its_row(name):
     """A NaN or inf in one row (GroupNorm: one sample's group) leaves every other row untouched."""
