@@ -108,9 +108,6 @@ __all__ = [
 # length are read from memory exactly once; longer rows loop over chunks of this
 # size and read each chunk a second time, from L2 when it is still there.
 ROW_BLOCK_MAX = 16384
-# Columns per chunk of a longer row. Small chunks through a software pipeline
-# keep the next chunks' loads in flight while the current one is reduced.
-CHUNK_ELEMENTS = 4096
 # Longest row of the persistent backward, whose programs hold dw/db accumulators
 # beside the row: ptxas reports spills from 16384 (LayerNorm, 16 warps), none at
 # 8192. A frozen backward takes the same grid, its variant without accumulators.
@@ -217,18 +214,16 @@ def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
     grid (rows up to TRAIN_ROW_BLOCK_MAX in one pass, LOOP_ELEMENTS_PER_THREAD)."""
     block_max, ept = (TRAIN_ROW_BLOCK_MAX, LOOP_ELEMENTS_PER_THREAD) if persistent else \
         (ROW_BLOCK_MAX, ELEMENTS_PER_THREAD)
-    return _row_tiling_cached(M, N, block_max, TILE_ELEMENTS, ept, LOOP_ELEMENTS_PER_THREAD, MAX_WARPS,
-                              CHUNK_ELEMENTS)
+    return _row_tiling_cached(M, N, block_max, TILE_ELEMENTS, ept, LOOP_ELEMENTS_PER_THREAD, MAX_WARPS)
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
-def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, loop_elements_per_thread, max_warps,
-                       chunk_elements):
+def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, loop_elements_per_thread, max_warps):
     # Every constant the plan depends on is an argument, so that a changed
     # constant (the benchmark's --set) plans afresh; max_warps only keys the
     # cache (_warps_for reads MAX_WARPS).
-    one_pass = N <= block_max
-    block_n = _pow2(N) if one_pass else chunk_elements
+    block_n = min(_pow2(N), block_max)
+    one_pass = N <= block_n
     rows = min(max(1, tile_elements // block_n), _pow2(M)) if one_pass else 1
     warps = _warps_for(rows * block_n, elements_per_thread if one_pass else loop_elements_per_thread)
     return _RowTiling(rows, block_n, one_pass, warps, _cdiv(M, rows))
@@ -238,19 +233,20 @@ class _Grid(NamedTuple):
     """A launch over a _RowTiling's tiles: P programs, each taking every P-th tile."""
     programs: int
     tiles_per_program: int
-    stages: int      # software-pipeline depth of a program's loop over its tiles or chunks
+    stages: int      # software-pipeline depth of a program's loop over its tiles
 
 
 def _row_grid(t: _RowTiling, bytes_per_element: int, device: torch.device, persistent: bool) -> _Grid:
     """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
     program looping over tiles through a software pipeline) or one program per
-    tile; for rows in chunks, the pipeline runs over a row's chunks.
-    `bytes_per_element`: the bytes the loop loads per element of a tile."""
+    tile. `bytes_per_element`: the bytes the loop loads per element of a tile."""
+    if not persistent:
+        return _Grid(t.num_tiles, 1, 1)
     per_sm = max(1, THREADS_PER_SM // (32 * t.num_warps))
-    programs = min(t.num_tiles, per_sm * _num_sms(device)) if persistent else t.num_tiles
+    programs = min(t.num_tiles, per_sm * _num_sms(device))
     tiles_per_program = _cdiv(t.num_tiles, programs)
     stages = 1
-    if tiles_per_program > 1 or not t.one_pass:   # a loop over tiles, or over a row's chunks
+    if t.one_pass and tiles_per_program > 1:
         stages = _pipeline_stages(t.rows * t.block_n * bytes_per_element, per_sm, device)
     return _Grid(programs, tiles_per_program, stages)
 
@@ -493,7 +489,7 @@ def _row_norm_fwd_kernel(
     M, N, stride_x, stride_r, stride_s, stride_y,
     eps, offset,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
 
@@ -513,8 +509,6 @@ def _row_norm_fwd_kernel(
       ONE_PASS      True when BLOCK_N >= N: the row is read once. False: pass 1
                     walks the row in chunks for the statistics, pass 2 walks it
                     backwards (so it starts with chunks still in L2) and writes y.
-      STAGES        the software pipeline's depth over the chunks (ONE_PASS
-                    False); 1 removes it and its shared-memory buffers.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
@@ -530,7 +524,7 @@ def _row_norm_fwd_kernel(
         # Pass 1: the statistics, merged chunk by chunk.
         mean = tl.zeros([ROWS], dtype=tl.float32)
         m2 = tl.zeros([ROWS], dtype=tl.float32)
-        for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+        for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
             n_b = tl.cast(tl.minimum(N - start, BLOCK_N), tl.float32)
@@ -539,7 +533,7 @@ def _row_norm_fwd_kernel(
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
         # Pass 2, last chunk first: it is the one most likely still in L2.
         last = (N - 1) // BLOCK_N * BLOCK_N
-        for k in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+        for k in range(0, N, BLOCK_N):
             cols = (last - k) + tl.arange(0, BLOCK_N)
             if HAS_RESIDUAL:
                 x_offs, mask = _tile(rows, cols, M, N, stride_s)
@@ -613,8 +607,8 @@ def _row_norm_bwd_kernel(
                   c1/c2 and pass 2 backwards (L2 hits) for dx; an N-wide
                   accumulator would not fit in registers, so dw/db come from
                   `_row_norm_dwdb_kernel` instead.
-      STAGES      the software pipeline's depth over a program's tiles (one-pass)
-                  or a row's chunks; 1 removes it and its shared-memory buffers.
+      STAGES      the software pipeline's depth over a program's tiles (one-pass
+                  only); 1 removes it and its shared-memory buffers.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -665,7 +659,7 @@ def _row_norm_bwd_kernel(
             # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), chunk by chunk.
             sum_xhat_g = tl.zeros([ROWS], dtype=tl.float32)
             sum_g = tl.zeros([ROWS], dtype=tl.float32)
-            for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+            for start in range(0, N, BLOCK_N):
                 xhat, g, _ = _load_xhat_g(X, DY, W, rows, start + tl.arange(0, BLOCK_N), mean, rstd, M, N,
                                           stride_x, stride_dy, offset, HAS_W)
                 sum_xhat_g += tl.sum(xhat * g, axis=1)
@@ -674,7 +668,7 @@ def _row_norm_bwd_kernel(
             c1 = sum_xhat_g / N
             c2 = sum_g / N
             # Pass 2, last chunk first (still in L2): dx.
-            for k in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+            for k in range(0, N, BLOCK_N):
                 cols = (last - k) + tl.arange(0, BLOCK_N)
                 xhat, g, mask = _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy,
                                              offset, HAS_W)
@@ -744,14 +738,12 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
     if M == 0:
         return y, s, mean, rstd
     t = _row_tiling(M, N)
-    g = _row_grid(t, sum(a.element_size() for a in (x, residual, weight, bias) if a is not None), x.device,
-                  persistent=False)
-    _row_norm_fwd_kernel[(g.programs,)](
+    _row_norm_fwd_kernel[(t.num_tiles,)](
         x, residual, s, y, weight, bias, mean, rstd,
         M, N, x.stride(0), 0 if residual is None else residual.stride(0),
         0 if s is None else s.stride(0), y.stride(0), float(eps), float(offset),
         CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-        HAS_B=bias is not None, ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages,
+        HAS_B=bias is not None, ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass,
         num_warps=t.num_warps)
     return y, s, mean, rstd
 
@@ -784,7 +776,8 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     fused = trains and persistent
     if not persistent:
         t = _row_tiling(M, N)
-    g = _row_grid(t, sum(a.element_size() for a in (x, dy, ds, weight) if a is not None), x.device, persistent)
+    g = _row_grid(t, x.element_size() + dy.element_size() + (0 if ds is None else ds.element_size()),
+                  x.device, persistent)
     dw_partial = db_partial = None
     if fused:
         new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
@@ -1536,14 +1529,14 @@ def _poly_norm_fwd_kernel(
             s1 = tl.zeros([ROWS], dtype=tl.float32)
             s2 = s1
             s3 = s1
-            for start in tl.range(0, N, BLOCK_N, num_stages=STAGES):
+            for start in range(0, N, BLOCK_N):
                 x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
                 m1, m2, m3 = _poly_moments(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32))
                 s1 += m1
                 s2 += m2
                 s3 += m3
             r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
-            for k in tl.range(0, N, BLOCK_N, num_stages=STAGES):   # last chunk first: still in L2
+            for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
                 cols = (last - k) + tl.arange(0, BLOCK_N)
                 x_offs, mask = _tile(rows, cols, M, N, stride_x)
                 y_offs, _ = _tile(rows, cols, M, N, stride_y)
@@ -1590,8 +1583,7 @@ def _poly_norm_bwd_kernel(
                   stay: dx needs them).
       COMPUTE_DB  the dy row sum, its accumulator and its store.
       ONE_PASS    as in `_row_norm_bwd_kernel`.
-      STAGES      the software pipeline's depth over a program's tiles (one-pass
-                  only: the chunk loops of longer rows are not pipelined here).
+      STAGES      the software pipeline's depth over a program's tiles (one-pass only).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -1710,8 +1702,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         dy2, x2, _vector(weight), rstd, dx, partial,
         M, N, dy2.stride(0), x2.stride(0), 0 if dx is None else dx.stride(0), g.tiles_per_program,
         COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages if t.one_pass else 1,
-        num_warps=t.num_warps)
+        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return _grad_view(dx, x), dw, (None if db is None else db.view(bias.shape))
 

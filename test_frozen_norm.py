@@ -261,7 +261,6 @@ def test_chunked_rows(name, mode, monkeypatch):
     """The two-pass path (rows longer than ROW_BLOCK_MAX) at a small, cheap size."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "TRAIN_ROW_BLOCK_MAX", 64)
-    monkeypatch.setattr(fn, "CHUNK_ELEMENTS", 64)      # 200 columns: four chunks, the last one ragged
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
 
