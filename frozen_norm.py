@@ -170,10 +170,14 @@ def _num_sms_of(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of `device` (cached: the query is slow)."""
     if device.type == "cuda":
-        return _num_sms_of(device.index if device.index is not None else torch.cuda.current_device())
+        return _num_sms_of(_device_index(device))
     return INTERPRETER_SMS
 
 
@@ -188,13 +192,22 @@ def _pipeline_stages(bytes_per_iteration: int, programs_per_sm: int, device: tor
     allocates depth - 1 buffers; the budget counts depth, for headroom."""
     if device.type != "cuda":
         return PIPELINE_STAGES
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    budget = _smem_per_sm_of(index) // programs_per_sm - SMEM_RESERVE
+    budget = _smem_per_sm_of(_device_index(device)) // programs_per_sm - SMEM_RESERVE
     return max(1, min(PIPELINE_STAGES, budget // bytes_per_iteration))
 
 
 def _warps_for(elements: int, elements_per_thread: int) -> int:
     return max(MIN_WARPS, min(MAX_WARPS, elements // (32 * elements_per_thread)))
+
+
+def _programs_per_sm(num_warps: int) -> int:
+    """Programs of `num_warps` warps that make up THREADS_PER_SM threads (at least 1)."""
+    return max(1, THREADS_PER_SM // (32 * num_warps))
+
+
+def _element_bytes(*tensors) -> int:
+    """Bytes a loop loads per element index: one element of each tensor given (None skipped)."""
+    return sum(t.element_size() for t in tensors if t is not None)
 
 
 def _pow2(n: int) -> int:
@@ -213,7 +226,7 @@ class _RowTiling(NamedTuple):
 
 def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
     """Tiles for the row kernels: for one program per tile, or for a persistent
-    grid (rows up to TRAIN_ROW_BLOCK_MAX in one pass, LOOP_ELEMENTS_PER_THREAD)."""
+    grid (rows up to TRAIN_ROW_BLOCK_MAX, in one pass, LOOP_ELEMENTS_PER_THREAD)."""
     block_max, ept = (TRAIN_ROW_BLOCK_MAX, LOOP_ELEMENTS_PER_THREAD) if persistent else \
         (ROW_BLOCK_MAX, ELEMENTS_PER_THREAD)
     return _row_tiling_cached(M, N, block_max, TILE_ELEMENTS, ept, LOOP_ELEMENTS_PER_THREAD, MAX_WARPS)
@@ -244,7 +257,7 @@ def _row_grid(t: _RowTiling, bytes_per_element: int, device: torch.device, persi
     tile. `bytes_per_element`: the bytes the loop loads per element of a tile."""
     if not persistent:
         return _Grid(t.num_tiles, 1, 1)
-    per_sm = max(1, THREADS_PER_SM // (32 * t.num_warps))
+    per_sm = _programs_per_sm(t.num_warps)
     programs = min(t.num_tiles, per_sm * _num_sms(device))
     tiles_per_program = _cdiv(t.num_tiles, programs)
     stages = 1
@@ -773,13 +786,10 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     # Rows that fit in registers beside dw/db accumulators: a persistent grid,
     # whose programs also accumulate dw/db when asked. Longer rows: one program
     # per tile computes dx, and `_row_norm_dwdb` sums dw/db by columns.
-    t = _row_tiling(M, N, persistent=True)
-    persistent = t.one_pass
+    persistent = N <= TRAIN_ROW_BLOCK_MAX
     fused = trains and persistent
-    if not persistent:
-        t = _row_tiling(M, N)
-    g = _row_grid(t, x.element_size() + dy.element_size() + (0 if ds is None else ds.element_size()),
-                  x.device, persistent)
+    t = _row_tiling(M, N, persistent)
+    g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent)
     dw_partial = db_partial = None
     if fused:
         new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
@@ -813,7 +823,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
     new_partial = functools.partial(torch.empty, (splits, N), dtype=torch.float32, device=x.device)
     dw_partial = new_partial() if compute_dw else None
     db_partial = new_partial() if compute_db else None
-    tile_bytes = DW_BLOCK_M * DW_BLOCK_N * (dy.element_size() + (x.element_size() if compute_dw else 0))
+    tile_bytes = DW_BLOCK_M * DW_BLOCK_N * _element_bytes(dy, x if compute_dw else None)
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, dy.stride(0), x.stride(0), rows_per_split,
@@ -1326,8 +1336,7 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
     block_hw = min(_pow2(HW), GROUP_TILE_ELEMENTS)
     block_c = min(_pow2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
     num_warps = _warps_for(block_c * block_hw, LOOP_ELEMENTS_PER_THREAD)
-    programs_per_sm = max(1, THREADS_PER_SM // (32 * num_warps))
-    stages = _pipeline_stages(block_c * block_hw * element_bytes, programs_per_sm, device)
+    stages = _pipeline_stages(block_c * block_hw * element_bytes, _programs_per_sm(num_warps), device)
     return _GroupTiling(splits, per_split, block_c, block_hw, num_warps, stages)
 
 
@@ -1336,7 +1345,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3 = x.reshape(B, C, HW).contiguous()
-    t = _group_tiling(B, C, HW, num_groups, x.element_size(), x.device)
+    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x), x.device)
     y = torch.empty_like(x3)
     stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
     if x3.numel() == 0:
@@ -1374,7 +1383,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return (None if dx is None else dx.view(x.shape)), (dw.zero_() if compute_dw else None), \
             (db.zero_() if compute_db else None)
-    t = _group_tiling(B, C, HW, num_groups, x.element_size() + dy.element_size(), x.device)
+    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device)
     splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
     per_split = _cdiv(C // num_groups, splits)
     new_partial = functools.partial(torch.empty, (B, C), dtype=torch.float32, device=x.device)
@@ -1668,7 +1677,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
         # A persistent grid for rows read once: PolyNorm's forward holds x and
         # its powers, too many registers for several programs per SM to overlap.
         t = _row_tiling(M, N)
-        g = _row_grid(t, x2.element_size(), x.device, persistent=t.one_pass)
+        g = _row_grid(t, _element_bytes(x2), x.device, persistent=t.one_pass)
         _poly_norm_fwd_kernel[(g.programs,)](
             x2, y, _vector(weight), _vector(bias), rstd,
             M, N, x2.stride(0), y.stride(0), float(eps), g.tiles_per_program,
@@ -1695,10 +1704,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     # several programs per SM to overlap. The scalar dw/db sums need a
     # persistent grid at any row length.
     trains = compute_dw or compute_db
-    t = _row_tiling(M, N, persistent=True)
-    if not t.one_pass:
-        t = _row_tiling(M, N)
-    g = _row_grid(t, x2.element_size() + dy2.element_size(), x.device, t.one_pass or trains)
+    t = _row_tiling(M, N, persistent=N <= TRAIN_ROW_BLOCK_MAX)
+    g = _row_grid(t, _element_bytes(x2, dy2), x.device, t.one_pass or trains)
     partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
     _poly_norm_bwd_kernel[(g.programs,)](
         dy2, x2, _vector(weight), rstd, dx, partial,
