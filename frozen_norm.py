@@ -1688,7 +1688,8 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
 def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=True, compute_db=True):
     """Low-level backward: returns (dx, dw, db), None for what is not computed.
 
-    Scratch: with dw or db asked, one (P, 4) fp32 buffer (P about 2 x SMs).
+    Scratch: with dw or db asked, one (P, 4) fp32 buffer (P: the persistent grid,
+    one or two programs per SM, at most one per tile).
     """
     N = x.shape[-1]
     x2, dy2 = _as_rows(x, N), _as_rows(dy, N)
