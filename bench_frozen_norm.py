@@ -262,8 +262,9 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
 # Recording what a wrapper launches and allocates, without running it
 # ----------------------------------------------------------------------------
 
-KERNELS = ["_row_norm_fwd_kernel", "_row_norm_bwd_kernel", "_group_norm_fwd_kernel", "_group_norm_bwd_kernel",
-           "_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel", "_row_norm_dwdb_kernel", "_sum_partials_kernel"]
+KERNELS = ["_row_norm_fwd_kernel", "_row_norm_bwd_kernel", "_long_row_norm_fwd_kernel", "_long_row_norm_bwd_kernel",
+           "_group_norm_fwd_kernel", "_group_norm_bwd_kernel", "_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel",
+           "_row_norm_dwdb_kernel", "_sum_partials_kernel"]
 
 
 @dataclass
@@ -509,7 +510,7 @@ def _grad_bytes(op, size, want, element_size=2):
 REMOVED = {
     "COMPUTE_DW": "the dy*xhat accumulator and its FMAs, the (P x N) fp32 scratch, its stores and the partial-sum launch",
     "COMPUTE_DB": "the dy accumulator, the (P x N) fp32 scratch for db, its stores (and the launch when dw is frozen too)",
-    "COMPUTE_DX": "the c1/c2 row reductions, the dx arithmetic and the dx stores (and the chunked first pass)",
+    "COMPUTE_DX": "the c1/c2 row reductions, the dx arithmetic and the dx stores (for long rows, the dx launch)",
 }
 
 

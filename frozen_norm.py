@@ -106,24 +106,34 @@ __all__ = [
 # threads per SM, pipeline depth and GroupNorm's tile. The rest (TILE_ELEMENTS,
 # the dw/db and partial-sum tiles) are first choices.
 
-# Longest row (elements) a program holds in registers at once. Rows up to this
-# length are read from memory exactly once; longer rows loop over chunks of this
-# size and read each chunk a second time, from L2 when it is still there.
-ROW_BLOCK_MAX = 16384
-# Longest row of the persistent backward, whose programs hold dw/db accumulators
-# beside the row: ptxas reports spills from 16384 (LayerNorm, 16 warps), none at
-# 8192. A frozen backward takes the same grid, its variant without accumulators.
-TRAIN_ROW_BLOCK_MAX = 8192
+# Longest row (elements) a program holds in registers, in one tile: the forward
+# reads such a row once, the backward holds it beside its dw/db accumulators
+# (ptxas reports spills from 16384, LayerNorm at 16 warps; none at 8192).
+# Longer rows go to the long-row kernels (LONG_* below).
+ROW_BLOCK_MAX = 8192
 # Rows shorter than this many elements are batched into one tile, so that every
 # program moves enough bytes to amortise its launch and reductions.
 TILE_ELEMENTS = 4096
 # Elements of each tensor a thread holds, which sets a program's warps. 32 where
 # a program reads one tile and exits (four 16-byte bf16 loads per tensor in
-# flight, and several programs per SM); 16 where a program loops, over the tiles
-# of a persistent grid or the chunks of a long row: more warps share the work of
-# the one or two programs an SM holds, and leave registers for accumulators.
+# flight, and several programs per SM); 16 where a program loops over the tiles
+# of a persistent grid: more warps share the work of the one or two programs an
+# SM holds, and leave registers for accumulators.
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
+# Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
+# the second time from L2. A chunk is a quarter of the row (rounded up to a
+# power of two), at most 8192 elements, at 8 elements per thread: 32 warps for
+# 8192. Fewer, larger chunks (16384) and more, smaller ones (2048) measured
+# slower (NOTES.md, section 6).
+LONG_CHUNK_MAX = 8192
+LONG_MIN_CHUNKS = 4
+LONG_ELEMENTS_PER_THREAD = 8
+# PolyNorm keeps its own rows: whole rows in a tile up to 16384 elements (it
+# holds x alone in the forward, and no N-wide accumulator in the backward), and
+# longer rows in chunks of that size at LOOP_ELEMENTS_PER_THREAD. The long-row
+# kernels' scheme above (smaller chunks, per-lane sums) measured slower for it.
+POLY_ROW_BLOCK_MAX = 16384
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
@@ -139,12 +149,14 @@ PIPELINE_STAGES = 3
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
-# Programs per SM of the column-tiled dw/db kernel: the row slices it splits M
-# into, and so the rows of its (S x N) scratch.
-PROGRAMS_PER_SM = 2
-# Rows too long for registers get dw/db from a column-tiled kernel: [DW_BLOCK_M,
-# DW_BLOCK_N] tiles (512-byte bf16 row segments keep the loads coalesced).
-DW_BLOCK_M, DW_BLOCK_N = 32, 256
+# The column-tiled dw/db kernel of long rows: [DW_BLOCK_M, DW_BLOCK_N] tiles
+# (128-byte bf16 row segments, one cache line), 8 warps (32 elements per
+# thread), and one program per SM, each summing a slice of the rows into one
+# row of an (S x N) scratch. The best of a sweep of tile shapes, warps and
+# programs per SM (NOTES.md, section 6).
+DW_BLOCK_M, DW_BLOCK_N = 128, 64
+DW_WARPS = 8
+DW_PROGRAMS_PER_SM = 1
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
 INTERPRETER_SMS = 3
@@ -216,32 +228,44 @@ def _pow2(n: int) -> int:
 
 
 class _RowTiling(NamedTuple):
-    """How the row kernels cut an (M, N) tensor into [ROWS, BLOCK_N] tiles."""
-    rows: int        # rows per tile (a power of two)
-    block_n: int     # columns per tile (a power of two)
-    one_pass: bool   # True when a whole row fits in one tile
+    """How the row kernels cut an (M, N) tensor: into [ROWS, BLOCK_N] tiles of
+    whole rows (N <= ROW_BLOCK_MAX), or into one row per program, walked in
+    BLOCK_N-element chunks (longer rows)."""
+    rows: int        # rows per tile (a power of two; 1 for long rows)
+    block_n: int     # columns per tile, or per chunk (a power of two)
+    one_pass: bool   # True when a whole row fits in one tile; False: the long-row kernels
     num_warps: int
     num_tiles: int
 
 
 def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
     """Tiles for the row kernels: for one program per tile, or for a persistent
-    grid (rows up to TRAIN_ROW_BLOCK_MAX, in one pass, LOOP_ELEMENTS_PER_THREAD)."""
-    block_max, ept = (TRAIN_ROW_BLOCK_MAX, LOOP_ELEMENTS_PER_THREAD) if persistent else \
-        (ROW_BLOCK_MAX, ELEMENTS_PER_THREAD)
-    return _row_tiling_cached(M, N, block_max, TILE_ELEMENTS, ept, LOOP_ELEMENTS_PER_THREAD, MAX_WARPS)
+    grid (LOOP_ELEMENTS_PER_THREAD); one row per program beyond ROW_BLOCK_MAX."""
+    ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
+    return _row_tiling_cached(M, N, ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX, LONG_MIN_CHUNKS,
+                              LONG_ELEMENTS_PER_THREAD, MAX_WARPS)
+
+
+def _poly_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
+    """PolyNorm's tiles: as `_row_tiling` with POLY_ROW_BLOCK_MAX, and long rows
+    in chunks of POLY_ROW_BLOCK_MAX elements."""
+    ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
+    return _row_tiling_cached(M, N, POLY_ROW_BLOCK_MAX, TILE_ELEMENTS, ept, POLY_ROW_BLOCK_MAX, 1,
+                              LOOP_ELEMENTS_PER_THREAD, MAX_WARPS)
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
-def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, loop_elements_per_thread, max_warps):
+def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chunk_max, min_chunks,
+                       long_elements_per_thread, max_warps):
     # Every constant the plan depends on is an argument, so that a changed
     # constant (the benchmark's --set) plans afresh; max_warps only keys the
     # cache (_warps_for reads MAX_WARPS).
-    block_n = min(_pow2(N), block_max)
-    one_pass = N <= block_n
-    rows = min(max(1, tile_elements // block_n), _pow2(M)) if one_pass else 1
-    warps = _warps_for(rows * block_n, elements_per_thread if one_pass else loop_elements_per_thread)
-    return _RowTiling(rows, block_n, one_pass, warps, _cdiv(M, rows))
+    if N > block_max:
+        chunk = min(chunk_max, max(1, _pow2(N) // min_chunks))
+        return _RowTiling(1, chunk, False, _warps_for(chunk, long_elements_per_thread), M)
+    block_n = _pow2(N)
+    rows = min(max(1, tile_elements // block_n), _pow2(M))
+    return _RowTiling(rows, block_n, True, _warps_for(rows * block_n, elements_per_thread), _cdiv(M, rows))
 
 
 class _Grid(NamedTuple):
@@ -361,13 +385,22 @@ def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
     """Chan et al.'s merge of the moments of two disjoint parts of a row.
 
     Robust where sum(x^2) - sum(x)^2 / n cancels catastrophically (a large mean
-    over a small spread). With both means 0 it reduces to m2_a + m2_b.
+    over a small spread). With both means 0 it reduces to m2_a + m2_b; two empty
+    parts (n_a = n_b = 0) merge to mean_a and m2 0.
     """
     n = n_a + n_b
     delta = mean_b - mean_a
-    mean = mean_a + delta * (n_b / n)
-    m2 = m2_a + m2_b + delta * delta * (n_a * n_b / n)
+    frac_b = n_b / tl.maximum(n, 1.0)
+    mean = mean_a + delta * frac_b
+    m2 = m2_a + m2_b + delta * delta * n_a * frac_b
     return mean, m2
+
+
+@triton.jit
+def _combine_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    """`_merge_moments` as a `tl.reduce` combiner: (mean, m2, count) in and out."""
+    mean, m2 = _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b)
+    return mean, m2, n_a + n_b
 
 
 @triton.jit
@@ -441,10 +474,10 @@ def _reduce_partials(*pairs) -> None:
 # program of a persistent grid keeps an fp32 accumulator of N elements for the
 # rows it walks, writes it to a (P x N) scratch buffer, and
 # `_sum_partials_kernel` adds the P rows in a fixed order (no atomics, so the
-# result is the same bit for bit on every run). Rows longer than
-# TRAIN_ROW_BLOCK_MAX leave no room in registers for that accumulator: there
-# `_row_norm_dwdb_kernel` swaps the loops (each program owns a block of columns
-# and walks the rows), at the price of reading x and dy a second time.
+# result is the same bit for bit on every run). Rows longer than ROW_BLOCK_MAX
+# leave no room in registers for that accumulator: there `_row_norm_dwdb_kernel`
+# swaps the loops (each program owns a block of columns and walks the rows), at
+# the price of reading x and dy a second time.
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -459,7 +492,13 @@ def _reduce_partials(*pairs) -> None:
 # second launch. g still needs the *value* of w. What an x without grad
 # removes: (1), i.e. the c1 reduction and the dx stores.
 #
-# The same two kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS) and
+# Rows longer than ROW_BLOCK_MAX do not fit in a program's registers. Their
+# kernels (`_long_row_norm_fwd_kernel`, `_long_row_norm_bwd_kernel`) give each
+# row a program that reads it twice in chunks: pass 1 for the statistic (rstd,
+# or c1), pass 2 for the output, mostly from L2. Pass 1 sums per lane and
+# reduces across the program once at the end, so its loop has no barrier.
+#
+# The same kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS) and
 # LayerNorm (CENTER, HAS_B); sections 5 and 6 explain those deltas.
 
 
@@ -504,14 +543,15 @@ def _row_norm_fwd_kernel(
     M, N, stride_x, stride_r, stride_s, stride_y,
     eps, offset,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
 
     RMSNorm is CENTER=False (mean taken as 0, no bias); FusedAddRMSNorm first
     forms x = X + R and stores it to S; LayerNorm is CENTER=True with a bias.
 
-    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of rows per program.
+    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of whole rows per program
+    (BLOCK_N >= N: each row is read once).
     Pointers: X, R, S, Y are (M, N) with unit column stride and the given row
     strides; W, B are (N,); Mean, Rstd are (M,) fp32 (Mean only with CENTER).
     Dtypes: X, R, S, Y share one dtype; W and B may each have another. All math
@@ -521,47 +561,102 @@ def _row_norm_fwd_kernel(
       CENTER        the mean and its subtraction; Mean is not written (RMSNorm).
       HAS_RESIDUAL  the load of R, the add and the store of S.
       HAS_W, HAS_B  the load and multiply by (o + w), the load and add of b.
-      ONE_PASS      True when BLOCK_N >= N: the row is read once. False: pass 1
-                    walks the row in chunks for the statistics, pass 2 walks it
-                    backwards (so it starts with chunks still in L2) and writes y.
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK_N)
-        x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
-        mean, m2 = _chunk_moments(x, mask, N, CENTER)
-        rstd = 1.0 / tl.sqrt(m2 / N + eps)
-        y_offs, _ = _tile(rows, cols, M, N, stride_y)
-        y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
-        tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
-    else:
-        # Pass 1: the statistics, merged chunk by chunk.
-        mean = tl.zeros([ROWS], dtype=tl.float32)
-        m2 = tl.zeros([ROWS], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
-            n_b = tl.cast(tl.minimum(N - start, BLOCK_N), tl.float32)
-            mean_b, m2_b = _chunk_moments(x, mask, n_b, CENTER)
-            mean, m2 = _merge_moments(mean, m2, tl.cast(start, tl.float32), mean_b, m2_b, n_b)
-        rstd = 1.0 / tl.sqrt(m2 / N + eps)
-        # Pass 2, last chunk first: it is the one most likely still in L2.
-        last = (N - 1) // BLOCK_N * BLOCK_N
-        for k in range(0, N, BLOCK_N):
-            cols = (last - k) + tl.arange(0, BLOCK_N)
-            if HAS_RESIDUAL:
-                x_offs, mask = _tile(rows, cols, M, N, stride_s)
-                x = tl.load(S + x_offs, mask=mask, other=0.0).to(tl.float32)
-            else:
-                x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            y_offs, _ = _tile(rows, cols, M, N, stride_y)
-            y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
-            tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
+    cols = tl.arange(0, BLOCK_N)
+    x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+    mean, m2 = _chunk_moments(x, mask, N, CENTER)
+    rstd = 1.0 / tl.sqrt(m2 / N + eps)
+    y_offs, _ = _tile(rows, cols, M, N, stride_y)
+    y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
+    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Rstd + rows, rstd, mask=rows < M)
     if CENTER:
         tl.store(Mean + rows, mean, mask=rows < M)
+
+
+@triton.jit
+def _long_row_norm_fwd_kernel(
+    X, R, S, Y, W, B, Mean, Rstd,        # as _row_norm_fwd_kernel
+    stride_x, stride_r, stride_s, stride_y, eps, offset,
+    N: tl.constexpr,
+    CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
+    `_row_norm_fwd_kernel` is that a row no longer fits in registers.
+
+    Pass 1 walks the row in BLOCK_N-element chunks and accumulates the statistics
+    *per lane* (a [BLOCK_N] vector: the sum of squares, or for CENTER a Welford
+    mean and m2 per lane), reducing across lanes once at the end: no cross-warp
+    reduction, hence no barrier, inside the loop, so the warps run ahead of each
+    other and keep their loads in flight. Its loads ask L2 to keep the lines
+    (evict_last); pass 2 reads the row again, last chunk first and mostly from
+    L2, with evict_first, and writes y. N is a compile-time constant, as in torch.compile's generated
+    code: the trip counts are known and the compiler can unroll and drop masks
+    (one compiled variant per row length, and models have few).
+
+    Grid: (M,), one row per program. Pointers, dtypes and CENTER / HAS_RESIDUAL
+    / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
+    writes s and pass 2 reads it back (x and r are read once, evict_first).
+    """
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride_x
+    Y += row * stride_y
+    if HAS_RESIDUAL:
+        R += row * stride_r
+        S += row * stride_s
+    eps = tl.cast(eps, tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    # Pass 1: per-lane statistics.
+    mean_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+    m2_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+    n_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + lanes
+        mask = cols < N
+        if HAS_RESIDUAL:
+            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            r = tl.load(R + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            s = (x + r).to(S.dtype.element_ty)
+            tl.store(S + cols, s, mask=mask)
+            x = s.to(tl.float32)
+        else:
+            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        if CENTER:
+            # Welford's update, one element per lane: robust where a large mean
+            # over a small spread would cancel sum(x^2) - sum(x)^2 / n.
+            n_v += mask.to(tl.float32)
+            delta = tl.where(mask, x - mean_v, 0.0)
+            mean_v += delta / tl.maximum(n_v, 1.0)
+            m2_v += delta * (x - mean_v)
+        else:
+            m2_v += x * x
+    if CENTER:
+        mean, m2, _ = tl.reduce((mean_v, m2_v, n_v), 0, _combine_moments)
+    else:
+        mean = 0.0
+        m2 = tl.sum(m2_v, axis=0)
+    rstd = 1.0 / tl.sqrt(m2 / N + eps)
+    # Pass 2, last chunk first (the one most likely still in L2): y.
+    last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
+    for k in range(0, N, BLOCK_N):
+        cols = (last - k) + lanes
+        mask = cols < N
+        if HAS_RESIDUAL:
+            x = tl.load(S + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        else:
+            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_W:
+            y = y * (tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset)
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Rstd + row, rstd)
+    if CENTER:
+        tl.store(Mean + row, mean)
 
 
 @triton.jit
@@ -575,24 +670,12 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
 
 
 @triton.jit
-def _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy, offset, HAS_W: tl.constexpr):
-    """xhat = (x - mean) * rstd (0 outside the tile) and g = dy * (o + w) of a tile, in fp32."""
-    x_offs, mask = _tile(rows, cols, M, N, stride_x)
-    dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_W:
-        g = g * (tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset)[None, :]
-    return tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0), g, mask
-
-
-@triton.jit
 def _row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); DWp, DBp: (P, N) fp32
     M, N, stride_dy, stride_x, stride_ds, stride_dx, offset, tiles_per_program,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -600,10 +683,9 @@ def _row_norm_bwd_kernel(
     dw = sum over rows of dy * xhat, db = sum over rows of dy: each program adds
     its rows into fp32 registers and writes one row of DWp / DBp.
 
-    Grid: (P,). Program p handles tiles p, p + P, p + 2P, ... (tiles_per_program
-    of them): for rows up to TRAIN_ROW_BLOCK_MAX a persistent grid of about
-    THREADS_PER_SM threads per SM (at most one program per tile), for longer
-    rows one program per tile.
+    Grid: (P,), a persistent grid of about THREADS_PER_SM threads per SM (at
+    most one program per tile). Program p handles the [ROWS, BLOCK_N] tiles p,
+    p + P, p + 2P, ... (tiles_per_program of them) of whole rows (BLOCK_N >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
     Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous.
@@ -617,82 +699,121 @@ def _row_norm_bwd_kernel(
       CENTER      the mean, c2 and their subtractions (RMSNorm has neither).
       HAS_W       the load of w: g = dy when there is no weight.
       HAS_DS      the load and add of ds (FusedAddRMSNorm's second output).
-      ONE_PASS    True: each row is loaded once. False (rows longer than a
-                  block): dx only, in two passes over the chunks, pass 1 for
-                  c1/c2 and pass 2 backwards (L2 hits) for dx; an N-wide
-                  accumulator would not fit in registers, so dw/db come from
-                  `_row_norm_dwdb_kernel` instead.
-      STAGES      the software pipeline's depth over a program's tiles (one-pass
-                  only); 1 removes it and its shared-memory buffers.
+      STAGES      the software pipeline's depth over a program's tiles; 1
+                  removes it and its shared-memory buffers.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK_N)
-        if HAS_W:
-            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+    cols = tl.arange(0, BLOCK_N)
+    if HAS_W:
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+    if COMPUTE_DW:
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if COMPUTE_DB:
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(0, tiles_per_program, num_stages=STAGES):
+        rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
+        x_offs, mask = _tile(rows, cols, M, N, stride_x)
+        dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if COMPUTE_DW:
-            dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+            dw_acc += tl.sum(dy * xhat, axis=0)
         if COMPUTE_DB:
-            db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for i in tl.range(0, tiles_per_program, num_stages=STAGES):
-            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-            mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
-            x_offs, mask = _tile(rows, cols, M, N, stride_x)
-            dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-            if COMPUTE_DW:
-                dw_acc += tl.sum(dy * xhat, axis=0)
-            if COMPUTE_DB:
-                db_acc += tl.sum(dy, axis=0)
-            if COMPUTE_DX:
-                g = dy
-                if HAS_W:
-                    g = dy * w[None, :]
-                c1 = tl.sum(xhat * g, axis=1) / N
-                dx = g - xhat * c1[:, None]
-                if CENTER:
-                    dx = dx - (tl.sum(g, axis=1) / N)[:, None]
-                dx = dx * rstd[:, None]
-                if HAS_DS:
-                    ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
-                    dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
-                dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-                tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
-        if COMPUTE_DW:
-            tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc, mask=cols < N)
-        if COMPUTE_DB:
-            tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc, mask=cols < N)
-    else:
-        tl.static_assert(not (COMPUTE_DW or COMPUTE_DB), "long rows: dw/db come from _row_norm_dwdb_kernel")
-        last = (N - 1) // BLOCK_N * BLOCK_N
-        for i in range(0, tiles_per_program):
-            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-            mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
-            # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), chunk by chunk.
-            sum_xhat_g = tl.zeros([ROWS], dtype=tl.float32)
-            sum_g = tl.zeros([ROWS], dtype=tl.float32)
-            for start in range(0, N, BLOCK_N):
-                xhat, g, _ = _load_xhat_g(X, DY, W, rows, start + tl.arange(0, BLOCK_N), mean, rstd, M, N,
-                                          stride_x, stride_dy, offset, HAS_W)
-                sum_xhat_g += tl.sum(xhat * g, axis=1)
-                if CENTER:
-                    sum_g += tl.sum(g, axis=1)
-            c1 = sum_xhat_g / N
-            c2 = sum_g / N
-            # Pass 2, last chunk first (still in L2): dx.
-            for k in range(0, N, BLOCK_N):
-                cols = (last - k) + tl.arange(0, BLOCK_N)
-                xhat, g, mask = _load_xhat_g(X, DY, W, rows, cols, mean, rstd, M, N, stride_x, stride_dy,
-                                             offset, HAS_W)
-                dx = (g - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-                if HAS_DS:
-                    ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
-                    dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
-                dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-                tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+            db_acc += tl.sum(dy, axis=0)
+        if COMPUTE_DX:
+            g = dy
+            if HAS_W:
+                g = dy * w[None, :]
+            c1 = tl.sum(xhat * g, axis=1) / N
+            dx = g - xhat * c1[:, None]
+            if CENTER:
+                dx = dx - (tl.sum(g, axis=1) / N)[:, None]
+            dx = dx * rstd[:, None]
+            if HAS_DS:
+                ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
+                dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
+            dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+            tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+    if COMPUTE_DW:
+        tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc, mask=cols < N)
+    if COMPUTE_DB:
+        tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc, mask=cols < N)
+
+
+@triton.jit
+def _load_xhat_g(X, DY, W, cols, mask, mean, rstd, OFFSET: tl.constexpr, HAS_W: tl.constexpr,
+                 EVICT: tl.constexpr):
+    """xhat = (x - mean) * rstd and g = dy * (o + w) of a chunk of one row, in
+    fp32; x and dy loaded with the eviction policy EVICT. Masked lanes have g = 0
+    (and xhat = -mean * rstd), so they add nothing to sums of g or xhat * g."""
+    x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    if HAS_W:
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if OFFSET != 0.0:
+            w = w + OFFSET
+        g = g * w
+    return (x - mean) * rstd, g
+
+
+@triton.jit
+def _long_row_norm_bwd_kernel(
+    DY, X, W, Mean, Rstd, DS, DX,        # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
+    N: tl.constexpr, STRIDE_DY: tl.constexpr, STRIDE_X: tl.constexpr, STRIDE_DS: tl.constexpr,
+    STRIDE_DX: tl.constexpr, OFFSET: tl.constexpr,
+    CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`).
+
+    The delta on `_row_norm_bwd_kernel` is that of `_long_row_norm_fwd_kernel`
+    on the forward: one row per program, pass 1 accumulates xhat * g (and g, for
+    CENTER) per lane and reduces to c1 (and c2) once at the end; pass 2 reads x
+    and dy again, last chunk first and mostly from L2, and writes dx. There is no dw/db accumulator:
+    one N wide would not fit in registers.
+
+    Grid: (M,). Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
+    N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so are
+    the row strides (N for contiguous tensors: no extra variants) and the
+    offset o: measured on an H200, a runtime o or separate runtime strides cost
+    this kernel 8 to 15% (NOTES.md, section 6).
+    Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
+    COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    X += row * STRIDE_X
+    DY += row * STRIDE_DY
+    DX += row * STRIDE_DX
+    if HAS_DS:
+        DS += row * STRIDE_DS
+    rstd = tl.load(Rstd + row)
+    mean = 0.0
+    if CENTER:
+        mean = tl.load(Mean + row)
+    lanes = tl.arange(0, BLOCK_N)
+    # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), summed per lane.
+    sum_xhat_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + lanes
+        xhat, g = _load_xhat_g(X, DY, W, cols, cols < N, mean, rstd, OFFSET, HAS_W, "evict_last")
+        sum_xhat_g += xhat * g
+        if CENTER:
+            sum_g += g
+    c1 = tl.sum(sum_xhat_g, axis=0) / N
+    c2 = tl.sum(sum_g, axis=0) / N
+    # Pass 2, last chunk first (the one most likely still in L2): dx.
+    last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
+    for k in range(0, N, BLOCK_N):
+        cols = (last - k) + lanes
+        mask = cols < N
+        xhat, g = _load_xhat_g(X, DY, W, cols, mask, mean, rstd, OFFSET, HAS_W, "evict_first")
+        dx = (g - xhat * c1 - c2) * rstd
+        if HAS_DS:
+            dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -753,13 +874,15 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
     if M == 0:
         return y, s, mean, rstd
     t = _row_tiling(M, N)
-    _row_norm_fwd_kernel[(t.num_tiles,)](
-        x, residual, s, y, weight, bias, mean, rstd,
-        M, N, x.stride(0), 0 if residual is None else residual.stride(0),
-        0 if s is None else s.stride(0), y.stride(0), float(eps), float(offset),
-        CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-        HAS_B=bias is not None, ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass,
-        num_warps=t.num_warps)
+    args = (x, residual, s, y, weight, bias, mean, rstd)
+    strides = (x.stride(0), 0 if residual is None else residual.stride(0), 0 if s is None else s.stride(0),
+               y.stride(0))
+    flags = dict(CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
+                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
+    if t.one_pass:
+        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), float(offset), ROWS=t.rows, **flags)
+    else:
+        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), float(offset), N=N, **flags)
     return y, s, mean, rstd
 
 
@@ -767,13 +890,12 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
                        weight_dtype=None, bias_dtype=None):
     """Launches the row backward on (M, N) rows. Returns dx, dw, db (None where not asked).
 
-    Rows up to TRAIN_ROW_BLOCK_MAX: one kernel on a persistent grid of P =
-    min(tiles, SMs x THREADS_PER_SM / threads per program) programs; with dw/db
-    asked it leaves one (P, N) fp32 buffer per trained parameter (264 rows on an
-    H200 at N = 4096: 4.3 MB). Longer rows: dx from one program per tile (two
-    passes over chunks beyond ROW_BLOCK_MAX), and dw/db from `_row_norm_dwdb`
-    into an (S, N) fp32 buffer, S about 2 x SMs / (N / DW_BLOCK_N), at least 1
-    (S = 3 at N = 32768 on an H200: 0.4 MB).
+    Rows up to ROW_BLOCK_MAX: one kernel on a persistent grid of P = min(tiles,
+    SMs x THREADS_PER_SM / threads per program) programs; with dw/db asked it
+    leaves one (P, N) fp32 buffer per trained parameter (264 rows on an H200 at
+    N = 4096: 4.3 MB). Longer rows: dx from `_long_row_norm_bwd_kernel`, and
+    dw/db from `_row_norm_dwdb` into an (S, N) fp32 buffer, S about SMs / (N /
+    DW_BLOCK_N), at least 1 (S = 1 at N = 32768 on an H200: 0.1 MB).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M, N = x.shape
@@ -783,28 +905,34 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
-    # Rows that fit in registers beside dw/db accumulators: a persistent grid,
-    # whose programs also accumulate dw/db when asked. Longer rows: one program
-    # per tile computes dx, and `_row_norm_dwdb` sums dw/db by columns.
-    persistent = N <= TRAIN_ROW_BLOCK_MAX
-    fused = trains and persistent
-    t = _row_tiling(M, N, persistent)
-    g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent)
+    flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
+    strides = (dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0), 0 if dx is None else dx.stride(0))
+    t = _row_tiling(M, N, persistent=True)
     dw_partial = db_partial = None
-    if fused:
-        new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
-        dw_partial = new_partial() if compute_dw else None
-        db_partial = new_partial() if compute_db else None
-    if compute_dx or fused:
+    if t.one_pass:
+        # Rows that fit in registers beside dw/db accumulators: a persistent
+        # grid, whose programs also accumulate dw/db when asked.
+        g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=True)
+        if trains:
+            new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
+            dw_partial = new_partial() if compute_dw else None
+            db_partial = new_partial() if compute_db else None
         _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
-            M, N, dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0),
-            0 if dx is None else dx.stride(0), float(offset), g.tiles_per_program,
-            CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None,
-            COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw and fused, COMPUTE_DB=compute_db and fused,
-            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
-    if trains and not fused:
-        dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)
+            M, N, *strides, float(offset), g.tiles_per_program, **flags,
+            COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
+    else:
+        # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
+        # sums dw/db by columns.
+        if compute_dx:
+            stride_dy, stride_x, stride_ds, stride_dx = strides
+            _long_row_norm_bwd_kernel[(M,)](
+                dy, x, weight, mean, rstd, ds, dx, N=N, STRIDE_DY=stride_dy, STRIDE_X=stride_x,
+                STRIDE_DS=stride_ds, STRIDE_DX=stride_dx, OFFSET=float(offset), **flags,
+                BLOCK_N=t.block_n, num_warps=t.num_warps)
+        if trains:
+            dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
@@ -812,12 +940,12 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
 def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
     """dw/db partial sums of long rows by `_row_norm_dwdb_kernel`: (S, N) fp32 each (or None).
 
-    S row slices, enough that (S x column blocks) fills PROGRAMS_PER_SM programs
-    per SM, each slice a whole number of DW_BLOCK_M row steps.
+    S row slices, enough that (S x column blocks) fills DW_PROGRAMS_PER_SM
+    programs per SM, each slice a whole number of DW_BLOCK_M row steps.
     """
     M, N = x.shape
     col_blocks = _cdiv(N, DW_BLOCK_N)
-    splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
+    splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
     rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
     splits = _cdiv(M, rows_per_split)
     new_partial = functools.partial(torch.empty, (splits, N), dtype=torch.float32, device=x.device)
@@ -828,8 +956,8 @@ def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, dy.stride(0), x.stride(0), rows_per_split,
         CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=DW_BLOCK_M,
-        BLOCK_N=DW_BLOCK_N, STAGES=_pipeline_stages(tile_bytes, PROGRAMS_PER_SM, x.device),
-        num_warps=_warps_for(DW_BLOCK_M * DW_BLOCK_N, LOOP_ELEMENTS_PER_THREAD))
+        BLOCK_N=DW_BLOCK_N, STAGES=_pipeline_stages(tile_bytes, DW_PROGRAMS_PER_SM, x.device),
+        num_warps=DW_WARPS)
     return dw_partial, db_partial
 
 
@@ -1512,8 +1640,10 @@ def _poly_norm_fwd_kernel(
     (tiles_per_program of them): a persistent grid when a row fits in one tile,
     else one program per tile. Rstd receives (r1, r2, r3) per row.
     Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
-    ONE_PASS: as `_row_norm_fwd_kernel` (False: two passes over chunks).
-    STAGES: as `_row_norm_bwd_kernel`.
+    ONE_PASS: True when a tile holds whole rows (N <= POLY_ROW_BLOCK_MAX). False:
+    one row per program, pass 1 over chunks for the statistics, pass 2 backwards
+    (so it starts with chunks still in L2) for y.
+    STAGES: as `_row_norm_bwd_kernel` (whole rows only).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -1593,7 +1723,9 @@ def _poly_norm_bwd_kernel(
       COMPUTE_DW  the three scalar accumulators and their stores (the row sums
                   stay: dx needs them).
       COMPUTE_DB  the dy row sum, its accumulator and its store.
-      ONE_PASS    as in `_row_norm_bwd_kernel`.
+      ONE_PASS    False for rows longer than POLY_ROW_BLOCK_MAX: one row per
+                  tile, pass 1 over chunks for the row sums, pass 2 backwards
+                  (L2 hits) for dx.
       STAGES      the software pipeline's depth over a program's tiles (one-pass only).
     """
     pid = tl.program_id(0)
@@ -1676,7 +1808,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     if M:
         # A persistent grid for rows read once: PolyNorm's forward holds x and
         # its powers, too many registers for several programs per SM to overlap.
-        t = _row_tiling(M, N)
+        t = _poly_tiling(M, N)
         g = _row_grid(t, _element_bytes(x2), x.device, persistent=t.one_pass)
         _poly_norm_fwd_kernel[(g.programs,)](
             x2, y, _vector(weight), _vector(bias), rstd,
@@ -1705,7 +1837,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     # several programs per SM to overlap. The scalar dw/db sums need a
     # persistent grid at any row length.
     trains = compute_dw or compute_db
-    t = _row_tiling(M, N, persistent=N <= TRAIN_ROW_BLOCK_MAX)
+    t = _poly_tiling(M, N, persistent=N <= ROW_BLOCK_MAX)
     g = _row_grid(t, _element_bytes(x2, dy2), x.device, t.one_pass or trains)
     partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
     _poly_norm_bwd_kernel[(g.programs,)](

@@ -257,10 +257,11 @@ def test_shapes(name, shape, groups, dtype, mode):
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
-def test_chunked_rows(name, mode, monkeypatch):
-    """The two-pass path (rows longer than ROW_BLOCK_MAX) at a small, cheap size."""
+def test_long_rows(name, mode, monkeypatch):
+    """The long-row path (rows longer than ROW_BLOCK_MAX) at a small, cheap size:
+    200 columns in chunks of 64, the last one partial."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
-    monkeypatch.setattr(fn, "TRAIN_ROW_BLOCK_MAX", 64)
+    assert not fn._row_tiling(37, 200).one_pass and fn._row_tiling(37, 200).block_n == 64
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
 
@@ -274,15 +275,20 @@ def test_mixed_dtypes(name, x_dtype, p_dtype):
     check_op(OPS[name], shape, x_dtype, ALL_TRAIN[name], _with_grads(name), groups, param_dtype=p_dtype)
 
 
+@pytest.mark.parametrize("row_block_max", [8192, 64], ids=["tile", "long-rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
-def test_rms_offset(dtype):
-    """Gemma's (1 + w) scaling, plain and fused."""
+def test_rms_offset(dtype, row_block_max, monkeypatch):
+    """Gemma's (1 + w) scaling, plain and fused, in a tile and over chunks."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", row_block_max)
     check_op(OPS["rms"], (37, 100), dtype, {"weight": TRAIN}, {"x": True}, offset=1.0)
     check_op(OPS["fadd"], (37, 100), dtype, {"weight": TRAIN}, {"x": True, "residual": True}, offset=1.0)
 
 
-def test_layer_norm_large_mean():
-    """A large mean over a small spread: the variance must not cancel away."""
+@pytest.mark.parametrize("row_block_max", [8192, 512], ids=["tile", "long-rows"])
+def test_layer_norm_large_mean(row_block_max, monkeypatch):
+    """A large mean over a small spread: the variance must not cancel away, in a
+    tile (Chan's merge) or over chunks (per-lane Welford, then Chan's merge)."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", row_block_max)
     x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
     check = fn.layer_norm(x, (3000,))
     ref = fn.layer_norm_reference(x.detach().double().cpu(), (3000,))
@@ -428,10 +434,17 @@ def test_rms_norm_single_element_rows():
     assert torch.allclose(x.grad.double().cpu(), x64.grad, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", list(OPS))
-@pytest.mark.parametrize("layout", ["transposed", "sliced", "expanded_dy"])
-def test_non_contiguous(name, layout):
+def _layouts():
+    for name, layout in itertools.product(OPS, ["transposed", "sliced", "expanded_dy"]):
+        yield pytest.param(name, layout, 8192, id=f"{name}-{layout}")
+        if name != "gn":   # rows longer than ROW_BLOCK_MAX: row strides are compile-time constants there
+            yield pytest.param(name, layout, 64, id=f"{name}-{layout}-long-rows")
+
+
+@pytest.mark.parametrize("name, layout, row_block_max", list(_layouts()))
+def test_non_contiguous(name, layout, row_block_max, monkeypatch):
     """Non-contiguous inputs (transposed, sliced rows) and gradients (expanded, as from .sum())."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", row_block_max)
     op = OPS[name]
     d = prepare(op, (2, 6, 5, 7) if name == "gn" else (37, 100), torch.float32, ALL_TRAIN[name],
                 {k: False for k in input_names(op)}, 3 if name == "gn" else None)
