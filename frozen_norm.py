@@ -762,8 +762,8 @@ def _load_xhat_g(X, DY, W, cols, mask, mean, rstd, OFFSET: tl.constexpr, HAS_W: 
 @triton.jit
 def _long_row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX,        # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
-    N: tl.constexpr, STRIDE_DY: tl.constexpr, STRIDE_X: tl.constexpr, STRIDE_DS: tl.constexpr,
-    STRIDE_DX: tl.constexpr, OFFSET: tl.constexpr,
+    stride_dy, stride_x, stride_ds, stride_dx,
+    N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`).
@@ -775,19 +775,18 @@ def _long_row_norm_bwd_kernel(
     one N wide would not fit in registers.
 
     Grid: (M,). Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
-    N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so are
-    the row strides (N for contiguous tensors: no extra variants) and the
-    offset o: measured on an H200, a runtime o or separate runtime strides cost
-    this kernel 8 to 15% (NOTES.md, section 6).
+    N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
+    the offset o (one variant for o = 0, one for Gemma's o = 1): measured on an
+    H200, a runtime o cost this kernel up to 15% (NOTES.md, section 6).
     Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
     COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
     """
     row = tl.program_id(0).to(tl.int64)
-    X += row * STRIDE_X
-    DY += row * STRIDE_DY
-    DX += row * STRIDE_DX
+    X += row * stride_x
+    DY += row * stride_dy
+    DX += row * stride_dx
     if HAS_DS:
-        DS += row * STRIDE_DS
+        DS += row * stride_ds
     rstd = tl.load(Rstd + row)
     mean = 0.0
     if CENTER:
@@ -926,10 +925,8 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.
         if compute_dx:
-            stride_dy, stride_x, stride_ds, stride_dx = strides
             _long_row_norm_bwd_kernel[(M,)](
-                dy, x, weight, mean, rstd, ds, dx, N=N, STRIDE_DY=stride_dy, STRIDE_X=stride_x,
-                STRIDE_DS=stride_ds, STRIDE_DX=stride_dx, OFFSET=float(offset), **flags,
+                dy, x, weight, mean, rstd, ds, dx, *strides, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, num_warps=t.num_warps)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)

@@ -437,7 +437,7 @@ def test_rms_norm_single_element_rows():
 def _layouts():
     for name, layout in itertools.product(OPS, ["transposed", "sliced", "expanded_dy"]):
         yield pytest.param(name, layout, 8192, id=f"{name}-{layout}")
-        if name != "gn":   # rows longer than ROW_BLOCK_MAX: row strides are compile-time constants there
+        if name != "gn":   # rows longer than ROW_BLOCK_MAX: the long-row kernels
             yield pytest.param(name, layout, 64, id=f"{name}-{layout}-long-rows")
 
 
