@@ -22,8 +22,10 @@ What you will learn by reading it
 * A persistent grid whose loop over tiles Triton software-pipelines
   (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
   through shared memory, while the current tile is reduced).
-* Rows too long for registers: a chunk loop whose second pass runs backwards so
-  it re-reads from L2 what the first pass just brought in.
+* Rows too long for registers: two passes over chunks, the first summing per
+  lane (no barrier in the loop) and hinting L2 to keep what it reads, the
+  second running backwards so it re-reads that from L2; the row length as a
+  compile-time constant, as torch.compile's generated kernels do.
 * How to compile a kernel for an NVIDIA GPU on a machine without one and look
   at what the compiler removed (section 10).
 
@@ -124,8 +126,8 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
 # the second time from L2. A chunk is a quarter of the row (rounded up to a
 # power of two), at most 8192 elements, at 8 elements per thread: 32 warps for
-# 8192. Fewer, larger chunks (16384) and more, smaller ones (2048) measured
-# slower (NOTES.md, section 6).
+# 8192. Halves, eighths, a 4096 cap and 16 elements per thread each measured
+# slower somewhere from 12288 to 32768 (NOTES.md, section 6).
 LONG_CHUNK_MAX = 8192
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
@@ -593,9 +595,10 @@ def _long_row_norm_fwd_kernel(
     reduction, hence no barrier, inside the loop, so the warps run ahead of each
     other and keep their loads in flight. Its loads ask L2 to keep the lines
     (evict_last); pass 2 reads the row again, last chunk first and mostly from
-    L2, with evict_first, and writes y. N is a compile-time constant, as in torch.compile's generated
-    code: the trip counts are known and the compiler can unroll and drop masks
-    (one compiled variant per row length, and models have few).
+    L2, with evict_first, and writes y. N is a compile-time constant, as in
+    torch.compile's generated code: the trip counts are known and the compiler
+    can unroll and drop masks (one compiled variant per row length, and models
+    have few).
 
     Grid: (M,), one row per program. Pointers, dtypes and CENTER / HAS_RESIDUAL
     / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
@@ -771,8 +774,8 @@ def _long_row_norm_bwd_kernel(
     The delta on `_row_norm_bwd_kernel` is that of `_long_row_norm_fwd_kernel`
     on the forward: one row per program, pass 1 accumulates xhat * g (and g, for
     CENTER) per lane and reduces to c1 (and c2) once at the end; pass 2 reads x
-    and dy again, last chunk first and mostly from L2, and writes dx. There is no dw/db accumulator:
-    one N wide would not fit in registers.
+    and dy again, last chunk first and mostly from L2, and writes dx. There is
+    no dw/db accumulator: one N wide would not fit in registers.
 
     Grid: (M,). Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is

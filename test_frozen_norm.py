@@ -236,7 +236,7 @@ def _with_grads(name):
 
 
 # Larger and odd shapes, with all parameters trained and all frozen: rows far
-# past one block (the chunked two-pass path), 4-D, one row, many short rows.
+# past ROW_BLOCK_MAX (the long-row kernels), 4-D, one row, many short rows.
 BIG_ROW_SHAPES = [(3, 70001), (2, 3, 4, 64), (1, 7), (1031, 33)]
 BIG_GROUP_SHAPES = [((2, 4, 130, 131), 2), ((2, 4, 3, 4, 5), 2), ((1, 64, 3, 3), 1)]
 
