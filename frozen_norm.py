@@ -95,7 +95,9 @@ __all__ = [
 #   P      number of programs (kernel instances) of a launch
 #
 # Kernel arguments are capitalised when they are pointers (X, DY, W, Rstd...),
-# lower case when they are numbers (M, N, eps, stride_x...).
+# lower case when they are numbers (M, N, eps, stride_x...), upper case again
+# when they are compile-time constants (BLOCK_N, COMPUTE_DW; OFFSET is o where
+# a kernel takes it as one).
 
 
 # =============================================================================
@@ -105,8 +107,9 @@ __all__ = [
 # Every tuning number lives here with the reason for its value. NOTES.md
 # (sections 2 and 6) gives the measurements behind them: ptxas register reports
 # for the row limits, kernel-time sweeps on an H200 for elements per thread,
-# threads per SM, pipeline depth and GroupNorm's tile. The rest (TILE_ELEMENTS,
-# the dw/db and partial-sum tiles) are first choices.
+# threads per SM, pipeline depth, the long-row chunks, the dw/db tile and
+# GroupNorm's tile. The rest (TILE_ELEMENTS, the partial-sum tile) are first
+# choices.
 
 # Longest row (elements) a program holds in registers, in one tile: the forward
 # reads such a row once, the backward holds it beside its dw/db accumulators
