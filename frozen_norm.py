@@ -882,12 +882,12 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (x.stride(0), 0 if residual is None else residual.stride(0), 0 if s is None else s.stride(0),
                y.stride(0))
-    flags = dict(CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
+    meta = dict(CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
+                HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
     if t.one_pass:
-        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), float(offset), ROWS=t.rows, **flags)
+        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), float(offset), ROWS=t.rows, **meta)
     else:
-        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), float(offset), N=N, **flags)
+        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), float(offset), N=N, **meta)
     return y, s, mean, rstd
 
 

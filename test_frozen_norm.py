@@ -255,13 +255,21 @@ def test_shapes(name, shape, groups, dtype, mode):
     check_op(OPS[name], shape, dtype, params, _with_grads(name), groups)
 
 
+def _long_rows_from(n, monkeypatch):
+    """Rows longer than n take the long-row kernels (PolyNorm: its chunk loops)."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", n)
+    monkeypatch.setattr(fn, "POLY_ROW_BLOCK_MAX", n)
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 def test_long_rows(name, mode, monkeypatch):
-    """The long-row path (rows longer than ROW_BLOCK_MAX) at a small, cheap size:
-    200 columns in chunks of 64, the last one partial."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
-    assert not fn._row_tiling(37, 200).one_pass and fn._row_tiling(37, 200).block_n == 64
+    """The long-row path (rows longer than ROW_BLOCK_MAX, PolyNorm's past
+    POLY_ROW_BLOCK_MAX) at a small, cheap size: 200 columns in chunks of 64, the
+    last one partial."""
+    _long_rows_from(64, monkeypatch)
+    for tiling in (fn._row_tiling(37, 200), fn._poly_tiling(37, 200)):
+        assert not tiling.one_pass and tiling.block_n == 64
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
 
@@ -279,7 +287,7 @@ def test_mixed_dtypes(name, x_dtype, p_dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_rms_offset(dtype, row_block_max, monkeypatch):
     """Gemma's (1 + w) scaling, plain and fused, in a tile and over chunks."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", row_block_max)
+    _long_rows_from(row_block_max, monkeypatch)
     check_op(OPS["rms"], (37, 100), dtype, {"weight": TRAIN}, {"x": True}, offset=1.0)
     check_op(OPS["fadd"], (37, 100), dtype, {"weight": TRAIN}, {"x": True, "residual": True}, offset=1.0)
 
@@ -288,7 +296,7 @@ def test_rms_offset(dtype, row_block_max, monkeypatch):
 def test_layer_norm_large_mean(row_block_max, monkeypatch):
     """A large mean over a small spread: the variance must not cancel away, in a
     tile (Chan's merge) or over chunks (per-lane Welford, then Chan's merge)."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", row_block_max)
+    _long_rows_from(row_block_max, monkeypatch)
     x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
     check = fn.layer_norm(x, (3000,))
     ref = fn.layer_norm_reference(x.detach().double().cpu(), (3000,))
@@ -437,14 +445,14 @@ def test_rms_norm_single_element_rows():
 def _layouts():
     for name, layout in itertools.product(OPS, ["transposed", "sliced", "expanded_dy"]):
         yield pytest.param(name, layout, 8192, id=f"{name}-{layout}")
-        if name != "gn":   # rows longer than ROW_BLOCK_MAX: the long-row kernels
+        if name != "gn":   # the long-row kernels (PolyNorm: its chunk loops)
             yield pytest.param(name, layout, 64, id=f"{name}-{layout}-long-rows")
 
 
 @pytest.mark.parametrize("name, layout, row_block_max", list(_layouts()))
 def test_non_contiguous(name, layout, row_block_max, monkeypatch):
     """Non-contiguous inputs (transposed, sliced rows) and gradients (expanded, as from .sum())."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", row_block_max)
+    _long_rows_from(row_block_max, monkeypatch)
     op = OPS[name]
     d = prepare(op, (2, 6, 5, 7) if name == "gn" else (37, 100), torch.float32, ALL_TRAIN[name],
                 {k: False for k in input_names(op)}, 3 if name == "gn" else None)
