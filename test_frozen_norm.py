@@ -521,6 +521,22 @@ def test_nan_stays_in_its_row(name):
         assert not torch.isfinite(outs[0][1]).any()
 
 
+@pytest.mark.parametrize("row_block_max", [8192, 64], ids=["tile", "long-rows"])
+def test_rms_inf_as_torch(row_block_max, monkeypatch):
+    """An inf in a row gives rstd = 0: torch's RMSNorm then has NaN at the inf
+    and 0 elsewhere in that row (inf * 0), and so must ours, in a tile and over
+    chunks; RMSNorm has no mean whose NaN could spread over the row."""
+    _long_rows_from(row_block_max, monkeypatch)
+    x = randn(5, 200)
+    x[3, 17] = float("inf")
+    w = randn(200, shift=1.0)
+    out = fn.rms_norm(x, (200,), w, 1e-6)
+    ref = torch.nn.functional.rms_norm(x.double().cpu(), (200,), w.double().cpu(), 1e-6)
+    assert torch.equal(out.isnan().cpu(), ref.isnan()) and ref.isnan().sum() == 1
+    finite = ~ref.isnan()
+    assert rel_error(out.cpu().double()[finite], ref[finite]) < 1e-6
+
+
 # ----------------------------------------------------------------------------
 # Autograd behaviour
 # ----------------------------------------------------------------------------
