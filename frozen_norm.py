@@ -174,6 +174,11 @@ PARTIAL_ROWS, PARTIAL_COLS = 32, 128
 # is then split over several programs by channels.
 GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
+# GroupNorm backward with dw or db: channels a tile spans at least. The
+# per-channel sums reduce once per tile, so 16 channels of 256 positions make
+# 16 times fewer reductions than one channel of 4096 (swept 1 to 64; without
+# dw/db, tiles of one channel measured best).
+GROUP_SUM_CHANNELS = 16
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -1250,9 +1255,11 @@ class LayerNorm(torch.nn.LayerNorm):
 # Both c1 and c2 factor through per-(sample, channel) sums:
 #     sum(xhat * g) = sum_c w[c] * A[c],  A[c] = sum_hw dy * xhat   (= dw's summand)
 #     sum(g)        = sum_c w[c] * D[c],  D[c] = sum_hw dy          (= db's summand)
-# so the kernel always forms A and D per channel, in registers. What a frozen w
-# (b) removes is smaller than for the row norms: the store of A (D) into a
-# (B, C) fp32 scratch, that scratch, and the launch summing it over B.
+# so when dw or db trains, the kernel forms A and D per channel, in registers,
+# and stores them into a (B, C) fp32 scratch that one more launch sums over B.
+# With both frozen, only the two row sums are needed: the kernel accumulates
+# w[c] * dy * xhat and w[c] * dy per lane and reduces once per row, with no
+# per-channel reduction, no scratch and no second launch.
 #
 # Long rows and few rows. A row can hold millions of elements, so the kernels
 # loop over [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the
@@ -1285,6 +1292,31 @@ def _group_row(pid, S, C, HW, Cg, channels_per_split):
     c_hi = tl.minimum(c_lo + channels_per_split, (row % G) * Cg + Cg)
     base = (row // G).to(tl.int64) * C * HW
     return row, split, base, c_lo, c_hi
+
+
+@triton.jit
+def _group_tile(t, c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Channels, offsets (from the sample's base) and mask of tile t of a split:
+    its [BLOCK_C, BLOCK_HW] tiles are numbered channel-major over [c_lo, c_hi) x HW."""
+    num_hw = tl.cdiv(HW, BLOCK_HW)
+    c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+    return c, offs, mask
+
+
+@triton.jit
+def _group_num_tiles(c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    return tl.cdiv(c_hi - c_lo, BLOCK_C) * tl.cdiv(HW, BLOCK_HW)
+
+
+@triton.jit
+def _group_load_x_g(X, DY, W, c, offs, mask, c_hi, HAS_W: tl.constexpr):
+    """x and g = dy * w[c] of a GroupNorm tile, in fp32 (g = 0 where masked)."""
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        g = g * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+    return x, g
 
 
 @triton.jit
@@ -1377,12 +1409,14 @@ def _group_norm_bwd_kernel(
     Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
 
     Launch modes (S = 1: one launch; S > 1, or no dx wanted: two or one):
-      DO_SUMS   pass 1: A and D per channel, and from them sum(xhat * g) and
-                sum(g); with DO_DX off (a split) these two go to Stats.
+      DO_SUMS   pass 1: sum(xhat * g) and sum(g), from A and D per channel
+                when dw or db is computed, else per lane; with DO_DX off (a
+                split) these two go to Stats.
       DO_DX     pass 2 (backwards): dx; without DO_SUMS, first merge the S
                 splits' sums from Stats (programs in reverse order, for L2).
     Flags (each False removes code):
-      COMPUTE_DW, COMPUTE_DB  the stores of A, D into DWp, DBp.
+      COMPUTE_DW, COMPUTE_DB  the stores of A, D into DWp, DBp; both False
+                              also removes the per-channel reductions.
       COMPUTE_DX              the row sums' use, pass 2 and the DX stores.
       HAS_W                   the loads of w (g = dy).
     STAGES: the software pipeline's depth over the tiles of a pass.
@@ -1394,7 +1428,19 @@ def _group_norm_bwd_kernel(
     stats_row = Stats + row.to(tl.int64) * stats_stride
     mean = tl.load(stats_row)
     rstd = tl.load(stats_row + 1)
-    if DO_SUMS:
+    if DO_SUMS and not (COMPUTE_DW or COMPUTE_DB):
+        # Frozen w and b: only the row's two sums are needed, not A and D per
+        # channel, so they are accumulated per lane and reduced once at the end.
+        acc_xhat_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+        acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+        for t in tl.range(0, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW), num_stages=STAGES):
+            c, offs, mask = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+            x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
+            acc_xhat_g += g * (x - mean) * rstd
+            acc_g += g
+        sum_xhat_g = tl.sum(tl.sum(acc_xhat_g, axis=1), axis=0)
+        sum_g = tl.sum(tl.sum(acc_g, axis=1), axis=0)
+    elif DO_SUMS:
         sum_xhat_g = tl.full([], 0.0, tl.float32)
         sum_g = sum_xhat_g
         for c0 in range(c_lo, c_hi, BLOCK_C):
@@ -1425,28 +1471,22 @@ def _group_norm_bwd_kernel(
                 tl.store(DWp + sample_c, A, mask=c < c_hi)
             if COMPUTE_DB:
                 tl.store(DBp + sample_c, D, mask=c < c_hi)
-        if COMPUTE_DX and not DO_DX:
-            tl.store(stats_row + 2 + 2 * split, sum_xhat_g)
-            tl.store(stats_row + 3 + 2 * split, sum_g)
     else:
         sum_xhat_g = tl.load(stats_row + 2)
         sum_g = tl.load(stats_row + 3)
         for s in range(1, S):
             sum_xhat_g += tl.load(stats_row + 2 + 2 * s)
             sum_g += tl.load(stats_row + 3 + 2 * s)
+    if DO_SUMS and COMPUTE_DX and not DO_DX:   # a split's share, for the DO_DX launch to merge
+        tl.store(stats_row + 2 + 2 * split, sum_xhat_g)
+        tl.store(stats_row + 3 + 2 * split, sum_g)
     if DO_DX:
         c1 = sum_xhat_g / (Cg * HW)
         c2 = sum_g / (Cg * HW)
-        num_hw = tl.cdiv(HW, BLOCK_HW)
-        num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw
+        num_tiles = _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
         for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
-            t = num_tiles - 1 - k
-            c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
-            offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-            x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_W:
-                g = g * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+            c, offs, mask = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+            x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
             dx = (g - (x - mean) * rstd * c1 - c2) * rstd
             tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
@@ -1460,14 +1500,16 @@ class _GroupTiling(NamedTuple):
     stages: int               # software-pipeline depth of the tile loops
 
 
-def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: torch.device) -> _GroupTiling:
-    """Splits and tiles for GroupNorm; `element_bytes`: the loads per element of a tile loop."""
+def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: torch.device,
+                  min_channels: int = 1) -> _GroupTiling:
+    """Splits and tiles for GroupNorm; `element_bytes`: the loads per element of a
+    tile loop; `min_channels`: channels a tile spans at least (where a split has them)."""
     Cg = C // G
     target = GROUP_PROGRAMS_PER_SM * _num_sms(device)
     splits = 1 if B * G >= _num_sms(device) else min(Cg, _cdiv(target, max(B * G, 1)))
     per_split = _cdiv(Cg, splits)
     splits = _cdiv(Cg, per_split)
-    block_hw = min(_pow2(HW), GROUP_TILE_ELEMENTS)
+    block_hw = min(_pow2(HW), max(1, GROUP_TILE_ELEMENTS // min(_pow2(per_split), min_channels)))
     block_c = min(_pow2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
     num_warps = _warps_for(block_c * block_hw, LOOP_ELEMENTS_PER_THREAD)
     stages = _pipeline_stages(block_c * block_hw * element_bytes, _programs_per_sm(num_warps), device)
@@ -1517,7 +1559,8 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return (None if dx is None else dx.view(x.shape)), (dw.zero_() if compute_dw else None), \
             (db.zero_() if compute_db else None)
-    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device)
+    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
+                      GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
     splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
     per_split = _cdiv(C // num_groups, splits)
     new_partial = functools.partial(torch.empty, (B, C), dtype=torch.float32, device=x.device)

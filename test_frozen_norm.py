@@ -303,6 +303,16 @@ def test_layer_norm_large_mean(row_block_max, monkeypatch):
     assert rel_error(check, ref) < 1e-3
 
 
+def test_group_norm_large_mean():
+    """GroupNorm's per-lane Welford statistics on a large mean over a small
+    spread, in one program per group and split over programs (B * G = 2)."""
+    x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0)
+    w, b = randn(4, shift=1.0), randn(4)
+    check = fn.group_norm(x, 2, w, b)
+    ref = fn.group_norm_reference(x.double().cpu(), 2, w.double().cpu(), b.double().cpu())
+    assert rel_error(check, ref) < 1e-3
+
+
 # ----------------------------------------------------------------------------
 # Frozen means free: what the backward allocates
 # ----------------------------------------------------------------------------
