@@ -130,14 +130,17 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # the second time from L2. A chunk is a quarter of the row (rounded up to a
 # power of two), at most 8192 elements, at 8 elements per thread: 32 warps for
 # 8192. Halves, eighths, a 4096 cap and 16 elements per thread each measured
-# slower somewhere from 12288 to 32768 (NOTES.md, section 6).
+# slower somewhere from 12288 to 32768 (NOTES.md, section 6). Where half a chunk
+# pads the row less, the planner takes it: 20480 = 5 x 4096, not 3 x 8192 with
+# the last one half empty, which idles half the warps of every third step.
 LONG_CHUNK_MAX = 8192
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
 # PolyNorm keeps its own rows: whole rows in a tile up to 16384 elements (it
 # holds x alone in the forward, and no N-wide accumulator in the backward), and
-# longer rows in chunks of that size at LOOP_ELEMENTS_PER_THREAD. The long-row
-# kernels' scheme above (smaller chunks, per-lane sums) measured slower for it.
+# longer rows in chunks of that size (or half, as above) at
+# LOOP_ELEMENTS_PER_THREAD. The long-row kernels' scheme above (smaller chunks,
+# per-lane sums) measured slower for it.
 POLY_ROW_BLOCK_MAX = 16384
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -272,6 +275,8 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # cache (_warps_for reads MAX_WARPS).
     if N > block_max:
         chunk = min(chunk_max, max(1, _pow2(N) // min_chunks))
+        if _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
+            chunk //= 2   # a half chunk pads the row less (24576 = 3 x 8192, not 2 x 16384)
         return _RowTiling(1, chunk, False, _warps_for(chunk, long_elements_per_thread), M)
     block_n = _pow2(N)
     rows = min(max(1, tile_elements // block_n), _pow2(M))

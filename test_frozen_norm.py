@@ -265,13 +265,26 @@ def _long_rows_from(n, monkeypatch):
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 def test_long_rows(name, mode, monkeypatch):
     """The long-row path (rows longer than ROW_BLOCK_MAX, PolyNorm's past
-    POLY_ROW_BLOCK_MAX) at a small, cheap size: 200 columns in chunks of 64, the
-    last one partial."""
+    POLY_ROW_BLOCK_MAX) at a small, cheap size: 200 columns in chunks of 32 (the
+    half chunk pads less than 64), the last one partial."""
     _long_rows_from(64, monkeypatch)
     for tiling in (fn._row_tiling(37, 200), fn._poly_tiling(37, 200)):
-        assert not tiling.one_pass and tiling.block_n == 64
+        assert not tiling.one_pass and tiling.block_n == 32
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
+
+
+@pytest.mark.parametrize("N, rows_chunk, poly_chunk", [
+    (12288, 4096, None), (16384, 4096, None), (20480, 4096, 8192), (24576, 8192, 8192), (32768, 8192, 16384),
+    (262144, 8192, 16384), (70001, 8192, 8192)])
+def test_long_row_chunks(N, rows_chunk, poly_chunk):
+    """The long-row planner on the real limits: a quarter row, at most
+    LONG_CHUNK_MAX (PolyNorm: POLY_ROW_BLOCK_MAX), halved where that pads the
+    row less; None: PolyNorm holds the row in one tile."""
+    rows, poly = fn._row_tiling(2048, N), fn._poly_tiling(2048, N)
+    assert not rows.one_pass and rows.block_n == rows_chunk
+    assert rows.num_warps == fn._warps_for(rows_chunk, fn.LONG_ELEMENTS_PER_THREAD)
+    assert poly.one_pass if poly_chunk is None else poly.block_n == poly_chunk
 
 
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
