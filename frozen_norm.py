@@ -1311,6 +1311,7 @@ def _group_tile(t, c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr
 
 @triton.jit
 def _group_num_tiles(c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """How many [BLOCK_C, BLOCK_HW] tiles cover channels [c_lo, c_hi) x HW positions."""
     return tl.cdiv(c_hi - c_lo, BLOCK_C) * tl.cdiv(HW, BLOCK_HW)
 
 
@@ -1354,16 +1355,16 @@ def _group_norm_fwd_kernel(
     row, split, base, c_lo, c_hi = _group_row(pid, S, C, HW, Cg, channels_per_split)
     eps = tl.cast(eps, tl.float32)
     stats_row = Stats + row.to(tl.int64) * stats_stride
-    num_hw = tl.cdiv(HW, BLOCK_HW)
-    num_tiles = tl.cdiv(c_hi - c_lo, BLOCK_C) * num_hw   # [BLOCK_C, BLOCK_HW] tiles, channel-major
+    num_tiles = _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
     if DO_STATS:
         mean = tl.full([], 0.0, tl.float32)
         m2 = mean
         count = mean
+        num_hw = tl.cdiv(HW, BLOCK_HW)
         for t in tl.range(0, num_tiles, num_stages=STAGES):
-            c0 = c_lo + (t // num_hw) * BLOCK_C
+            c0 = c_lo + (t // num_hw) * BLOCK_C   # the tile's corner: _group_tile's, for its element count
             h0 = (t % num_hw) * BLOCK_HW
-            offs, mask = _tile(c0 + tl.arange(0, BLOCK_C), h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+            _, offs, mask = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
             n_b = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
             mean_b = tl.sum(x) / n_b
@@ -1388,9 +1389,7 @@ def _group_norm_fwd_kernel(
             tl.store(stats_row, mean)
             tl.store(stats_row + 1, rstd)
         for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
-            t = num_tiles - 1 - k
-            c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
-            offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+            c, offs, mask = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
             if HAS_W:
                 y = y * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
