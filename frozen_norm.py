@@ -592,6 +592,20 @@ def _row_norm_fwd_kernel(
 
 
 @triton.jit
+def _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL: tl.constexpr):
+    """Pass 1's load of a long-row chunk, in fp32: x, kept in L2 for pass 2
+    (evict_last); with HAS_RESIDUAL, s = x + r, stored to S (and x, r evicted
+    first: pass 2 reads s)."""
+    if HAS_RESIDUAL:
+        x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        r = tl.load(R + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        s = (x + r).to(S.dtype.element_ty)
+        tl.store(S + cols, s, mask=mask)
+        return s.to(tl.float32)
+    return tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+
+
+@triton.jit
 def _long_row_norm_fwd_kernel(
     X, R, S, Y, W, B, Mean, Rstd,        # as _row_norm_fwd_kernel
     stride_x, stride_r, stride_s, stride_y, eps, offset,
@@ -603,8 +617,9 @@ def _long_row_norm_fwd_kernel(
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
 
     Pass 1 walks the row in BLOCK_N-element chunks and accumulates the statistics
-    *per lane* (a [BLOCK_N] vector: the sum of squares, or for CENTER a Welford
-    mean and m2 per lane), reducing across lanes once at the end: no cross-warp
+    *per lane* (a [BLOCK_N] vector: the sum of squares, or for CENTER sums
+    shifted by each lane's first element), reducing across lanes once at the
+    end: no cross-warp
     reduction, hence no barrier, inside the loop, so the warps run ahead of each
     other and keep their loads in flight. Its loads ask L2 to keep the lines
     (evict_last); pass 2 reads the row again, last chunk first and mostly from
@@ -625,31 +640,31 @@ def _long_row_norm_fwd_kernel(
         S += row * stride_s
     eps = tl.cast(eps, tl.float32)
     lanes = tl.arange(0, BLOCK_N)
-    # Pass 1: per-lane statistics.
-    mean_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # Pass 1: per-lane statistics. For CENTER each lane sums its elements
+    # shifted by its own first one, k: s1 = sum(x - k), s2 = sum((x - k)^2),
+    # and m2 = s2 - s1^2 / n. As k is one of the lane's n values, s2 <= (n + 1)
+    # * m2, so the subtraction loses a few ulps at most however large the mean
+    # (n <= N / BLOCK_N); the lanes then merge with Chan's formula. Chunk 0,
+    # whole since BLOCK_N <= N / 2, is loaded first to give k.
+    if CENTER:
+        k_v = _long_row_chunk(X, R, S, lanes, lanes < N, HAS_RESIDUAL)
+        s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
     m2_v = tl.zeros([BLOCK_N], dtype=tl.float32)
-    n_v = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
+    first: tl.constexpr = BLOCK_N if CENTER else 0
+    for start in range(first, N, BLOCK_N):
         cols = start + lanes
         mask = cols < N
-        if HAS_RESIDUAL:
-            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            r = tl.load(R + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            s = (x + r).to(S.dtype.element_ty)
-            tl.store(S + cols, s, mask=mask)
-            x = s.to(tl.float32)
-        else:
-            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        x = _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL)
         if CENTER:
-            # Welford's update, one element per lane: robust where a large mean
-            # over a small spread would cancel sum(x^2) - sum(x)^2 / n.
-            n_v += mask.to(tl.float32)
-            delta = tl.where(mask, x - mean_v, 0.0)
-            mean_v += delta / tl.maximum(n_v, 1.0)
-            m2_v += delta * (x - mean_v)
+            d = tl.where(mask, x - k_v, 0.0)
+            s1_v += d
+            m2_v += d * d
         else:
             m2_v += x * x
     if CENTER:
+        n_v = ((N - 1 - lanes) // BLOCK_N + 1).to(tl.float32)   # the chunks that reach each lane
+        mean_v = k_v + s1_v / n_v
+        m2_v -= s1_v * s1_v / n_v
         mean, m2, _ = tl.reduce((mean_v, m2_v, n_v), 0, _combine_moments)
     else:
         mean = 0.0

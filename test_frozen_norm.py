@@ -308,7 +308,7 @@ def test_rms_offset(dtype, row_block_max, monkeypatch):
 @pytest.mark.parametrize("row_block_max", [8192, 512], ids=["tile", "long-rows"])
 def test_layer_norm_large_mean(row_block_max, monkeypatch):
     """A large mean over a small spread: the variance must not cancel away, in a
-    tile (Chan's merge) or over chunks (per-lane Welford, then Chan's merge)."""
+    tile (mean first) or over chunks (per-lane shifted sums, then Chan's merge)."""
     _long_rows_from(row_block_max, monkeypatch)
     x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
     check = fn.layer_norm(x, (3000,))
@@ -316,9 +316,23 @@ def test_layer_norm_large_mean(row_block_max, monkeypatch):
     assert rel_error(check, ref) < 1e-3
 
 
+@pytest.mark.parametrize("row_block_max", [8192, 512], ids=["tile", "long-rows"])
+def test_layer_norm_outliers(row_block_max, monkeypatch):
+    """Rows whose first elements (the long-row kernel's per-lane shifts) are
+    outliers, 1e4 against a spread of 1: the statistics must not cancel."""
+    _long_rows_from(row_block_max, monkeypatch)
+    x = randn(16, 3000)
+    x[:, :700] += 1e4 * (torch.rand(16, 700, device=x.device) < 0.01)
+    x.requires_grad_()
+    check = fn.layer_norm(x, (3000,))
+    ref = fn.layer_norm_reference(x.detach().double().cpu(), (3000,))
+    assert rel_error(check, ref) < 1e-4
+
+
 def test_group_norm_large_mean():
-    """GroupNorm's per-lane Welford statistics on a large mean over a small
-    spread, in one program per group and split over programs (B * G = 2)."""
+    """GroupNorm's statistics (per tile, merged with Chan's formula) on a large
+    mean over a small spread, in one program per group and split over programs
+    (B * G = 2)."""
     x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0)
     w, b = randn(4, shift=1.0), randn(4)
     check = fn.group_norm(x, 2, w, b)
