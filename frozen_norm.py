@@ -616,12 +616,11 @@ def _long_row_norm_fwd_kernel(
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
 
-    Pass 1 walks the row in BLOCK_N-element chunks and accumulates the statistics
-    *per lane* (a [BLOCK_N] vector: the sum of squares, or for CENTER sums
-    shifted by each lane's first element), reducing across lanes once at the
-    end: no cross-warp
-    reduction, hence no barrier, inside the loop, so the warps run ahead of each
-    other and keep their loads in flight. Its loads ask L2 to keep the lines
+    Pass 1 walks the row in BLOCK_N-element chunks and accumulates the
+    statistics *per lane* (a [BLOCK_N] vector: the sum of squares, or for
+    CENTER sums shifted by each lane's first element), reducing across lanes
+    once at the end: no cross-warp reduction, hence no barrier, inside the
+    loop, so the warps run ahead of each other and keep their loads in flight. Its loads ask L2 to keep the lines
     (evict_last); pass 2 reads the row again, last chunk first and mostly from
     L2, with evict_first, and writes y. N is a compile-time constant, as in
     torch.compile's generated code: the trip counts are known and the compiler
@@ -644,8 +643,9 @@ def _long_row_norm_fwd_kernel(
     # shifted by its own first one, k: s1 = sum(x - k), s2 = sum((x - k)^2),
     # and m2 = s2 - s1^2 / n. As k is one of the lane's n values, s2 <= (n + 1)
     # * m2, so the subtraction loses a few ulps at most however large the mean
-    # (n <= N / BLOCK_N); the lanes then merge with Chan's formula. Chunk 0,
-    # whole since BLOCK_N <= N / 2, is loaded first to give k.
+    # (n <= N / BLOCK_N); the lanes then merge with Chan's formula. Chunk 0 is
+    # loaded first to give k (the planner makes it whole; a lane past N would
+    # count n = 0 and merge as nothing).
     if CENTER:
         k_v = _long_row_chunk(X, R, S, lanes, lanes < N, HAS_RESIDUAL)
         s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -662,9 +662,9 @@ def _long_row_norm_fwd_kernel(
         else:
             m2_v += x * x
     if CENTER:
-        n_v = ((N - 1 - lanes) // BLOCK_N + 1).to(tl.float32)   # the chunks that reach each lane
-        mean_v = k_v + s1_v / n_v
-        m2_v -= s1_v * s1_v / n_v
+        n_v = tl.where(lanes < N, (N - 1 - lanes) // BLOCK_N + 1, 0).to(tl.float32)   # chunks reaching a lane
+        mean_v = k_v + s1_v / tl.maximum(n_v, 1.0)
+        m2_v -= s1_v * s1_v / tl.maximum(n_v, 1.0)
         mean, m2, _ = tl.reduce((mean_v, m2_v, n_v), 0, _combine_moments)
     else:
         mean = 0.0

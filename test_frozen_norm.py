@@ -274,6 +274,17 @@ def test_long_rows(name, mode, monkeypatch):
     check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
 
 
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+def test_long_row_chunk_past_the_row(name, monkeypatch):
+    """The long-row kernels with LONG_MIN_CHUNKS = 1 (a tuning override): the
+    first chunk is wider than the row, so lanes past N hold no element."""
+    _long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "LONG_MIN_CHUNKS", 1)
+    tiling = fn._row_tiling(37, 100)
+    assert not tiling.one_pass and tiling.block_n == 128
+    check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], _with_grads(name))
+
+
 @pytest.mark.parametrize("N, rows_chunk, poly_chunk", [
     (12288, 4096, None), (16384, 4096, None), (20480, 4096, 8192), (24576, 8192, 8192), (32768, 8192, 16384),
     (262144, 8192, 16384), (70001, 8192, 8192)])
