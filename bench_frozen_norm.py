@@ -4,6 +4,7 @@
     python bench_frozen_norm.py --quick          # GPU: about a minute (no torch.compile column)
     python bench_frozen_norm.py --ops rms,ln --sizes 2048x4096,16x512x64x64:32 --dtype fp16
     python bench_frozen_norm.py --csv out.csv --json out.json
+    python bench_frozen_norm.py --kernel-time    # GPU: also the kernels' own time, without the host
     python bench_frozen_norm.py --dce            # what the compiler removes (no GPU needed)
 
 On a GPU, every op runs forward, backward and forward+backward with its
@@ -11,7 +12,10 @@ parameters trainable and frozen, beside PyTorch eager, torch.compile of the
 plain-torch reference (compiled per shape) and Liger-Kernel (when importable).
 Bandwidth comes from a byte count (`bytes_moved`) and is compared with a
 device-to-device copy timed in the same run. Times are medians of
-triton.testing.do_bench, which flushes L2 before each call.
+triton.testing.do_bench, which flushes L2 before each call. Below a few
+hundred MiB those times measure the host (Python, autograd, launches) as much
+as the GPU; --kernel-time adds the sum of the CUDA kernel durations of a call
+(torch.profiler, CUPTI), which leaves the host out.
 
 Without a GPU it checks every op through Triton's CPU interpreter (in a child
 process), prints the scratch memory freezing saves at the benchmark's sizes,
@@ -171,6 +175,10 @@ class Row:
     fwd_pct_copy: float = float("nan")
     bwd_pct_copy: float = float("nan")
     bwd_extra_MiB: float = float("nan")
+    fwd_kernel_us: float = float("nan")   # --kernel-time: CUDA kernel durations per call
+    bwd_kernel_us: float = float("nan")
+    fwd_kernel_pct_copy: float = float("nan")
+    bwd_kernel_pct_copy: float = float("nan")
     note: str = ""
 
 
@@ -183,11 +191,28 @@ def copy_bandwidth(device, rep):
     return 2 * src.numel() * src.element_size() / ms / 1e6
 
 
+def kernel_time_us(f, calls=20):
+    """Microseconds of CUDA kernels per call of f: the sum of every kernel's
+    duration (CUPTI, through torch.profiler) over `calls` calls after 3
+    warm-ups, divided by `calls`. Host time is left out; L2 is not flushed
+    between calls, which matters little from 64 MiB on."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            f()
+        torch.cuda.synchronize()
+    on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.device_time_total for e in on_gpu) / calls
+
+
 def grads_wanted(d):
     return [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
-def measure(op, provider, size, dtype, mode, copy_GBps, rep):
+def measure(op, provider, size, dtype, mode, copy_GBps, rep, kernel_time=False):
     import triton.testing
     bench = lambda f: triton.testing.do_bench(f, rep=rep, return_mode="median")  # noqa: E731
     row = Row(op, provider, size_label(op, size), mode)
@@ -210,6 +235,11 @@ def measure(op, provider, size, dtype, mode, copy_GBps, rep):
     fwd_bytes, bwd_bytes = bytes_moved(op, size, dtype.itemsize)
     row.fwd_GBps, row.bwd_GBps = fwd_bytes / row.fwd_ms / 1e6, bwd_bytes / row.bwd_ms / 1e6
     row.fwd_pct_copy, row.bwd_pct_copy = 100 * row.fwd_GBps / copy_GBps, 100 * row.bwd_GBps / copy_GBps
+    if kernel_time:
+        row.fwd_kernel_us = kernel_time_us(lambda: f(d))
+        row.bwd_kernel_us = kernel_time_us(lambda: torch.autograd.grad(outs, wanted, dys, retain_graph=True))
+        row.fwd_kernel_pct_copy = 100 * fwd_bytes / row.fwd_kernel_us / 1e3 / copy_GBps
+        row.bwd_kernel_pct_copy = 100 * bwd_bytes / row.bwd_kernel_us / 1e3 / copy_GBps
     return row
 
 
@@ -641,6 +671,19 @@ def print_table(rows, dtype_name, copy_GBps):
           "copy measured in this run. 'frozen x': trainable bwd time / frozen bwd time.")
 
 
+def print_kernel_table(rows, dtype_name, copy_GBps):
+    """--kernel-time: what the GPU spends per call, and its bandwidth."""
+    timed = [r for r in rows if r.fwd_kernel_us == r.fwd_kernel_us]
+    if not timed:
+        return
+    print(f"\nKernel time per call ({dtype_name}): the CUDA kernel durations of one call (CUPTI), host left out; "
+          f"%copy of the {copy_GBps:.0f} GB/s copy")
+    print(f"{'op':5} {'size':18} {'provider':8} {'params':7} {'fwd us':>8} {'%copy':>6} {'bwd us':>8} {'%copy':>6}")
+    for r in timed:
+        print(f"{r.op:5} {r.size:18} {r.provider:8} {r.mode:7} {r.fwd_kernel_us:8.1f} {r.fwd_kernel_pct_copy:6.1f} "
+              f"{r.bwd_kernel_us:8.1f} {r.bwd_kernel_pct_copy:6.1f}")
+
+
 def parse_sizes(text):
     rows, groups = [], []
     for item in text.split(","):
@@ -700,7 +743,7 @@ def run_on_gpu(args):
             for provider in providers:
                 for mode in ("train", "frozen"):
                     try:
-                        rows.append(measure(op, provider, size, dtype, mode, copy_GBps, rep))
+                        rows.append(measure(op, provider, size, dtype, mode, copy_GBps, rep, args.kernel_time))
                     except Exception as e:   # a competitor that cannot run this case gets a note
                         rows.append(Row(op, provider, size_label(op, size), mode, note=f"{type(e).__name__}: "
                                         f"{str(e).splitlines()[0][:80] if str(e) else ''}"))
@@ -710,6 +753,7 @@ def run_on_gpu(args):
                 csv_file.flush()
             print(f"  done {op} {size_label(op, size)}", file=sys.stderr, flush=True)
     print_table(rows, args.dtype, copy_GBps)
+    print_kernel_table(rows, args.dtype, copy_GBps)
     lora = [] if args.quick or "eager" not in providers else lora_case(dtype, rep)
     if lora:
         print("\nRMSNorm feeding a LoRA linear (8192 x 4096, base weight frozen, rank-16 A and B trained), "
@@ -736,6 +780,8 @@ def main(argv=None):
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     p.add_argument("--csv", help="write the raw rows to this CSV file")
     p.add_argument("--json", help="write the raw rows (and the LoRA case) to this JSON file")
+    p.add_argument("--kernel-time", action="store_true",
+                   help="also time the CUDA kernels of each call (torch.profiler), without the host")
     p.add_argument("--dce", action="store_true", help="print the full compiled-kernel report and exit")
     p.add_argument("--dce-json", help="write the compiled-kernel report as JSON to this file and exit")
     p.add_argument("--arch", type=int, default=90, help="compute capability for --dce: 90 (Hopper), 80 (Ampere)")
