@@ -256,7 +256,7 @@ def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
     grid (LOOP_ELEMENTS_PER_THREAD); one row per program beyond ROW_BLOCK_MAX."""
     ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
     return _row_tiling_cached(M, N, ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX, LONG_MIN_CHUNKS,
-                              LONG_ELEMENTS_PER_THREAD, MAX_WARPS)
+                              LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
 
 
 def _poly_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
@@ -264,15 +264,15 @@ def _poly_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
     in chunks of POLY_ROW_BLOCK_MAX elements."""
     ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
     return _row_tiling_cached(M, N, POLY_ROW_BLOCK_MAX, TILE_ELEMENTS, ept, POLY_ROW_BLOCK_MAX, 1,
-                              LOOP_ELEMENTS_PER_THREAD, MAX_WARPS)
+                              LOOP_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
 def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chunk_max, min_chunks,
-                       long_elements_per_thread, max_warps):
+                       long_elements_per_thread, warp_limits):
     # Every constant the plan depends on is an argument, so that a changed
-    # constant (the benchmark's --set) plans afresh; max_warps only keys the
-    # cache (_warps_for reads MAX_WARPS).
+    # constant (the benchmark's --set) plans afresh; warp_limits only keys the
+    # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
     if N > block_max:
         chunk = min(chunk_max, max(1, _pow2(N) // min_chunks))
         if _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
@@ -620,9 +620,9 @@ def _long_row_norm_fwd_kernel(
     statistics *per lane* (a [BLOCK_N] vector: the sum of squares, or for
     CENTER sums shifted by each lane's first element), reducing across lanes
     once at the end: no cross-warp reduction, hence no barrier, inside the
-    loop, so the warps run ahead of each other and keep their loads in flight. Its loads ask L2 to keep the lines
-    (evict_last); pass 2 reads the row again, last chunk first and mostly from
-    L2, with evict_first, and writes y. N is a compile-time constant, as in
+    loop, so the warps run ahead of each other and keep their loads in flight.
+    Its loads ask L2 to keep the lines (evict_last); pass 2 reads the row
+    again, last chunk first and mostly from L2, with evict_first, and writes y. N is a compile-time constant, as in
     torch.compile's generated code: the trip counts are known and the compiler
     can unroll and drop masks (one compiled variant per row length, and models
     have few).
@@ -675,10 +675,8 @@ def _long_row_norm_fwd_kernel(
     for k in range(0, N, BLOCK_N):
         cols = (last - k) + lanes
         mask = cols < N
-        if HAS_RESIDUAL:
-            x = tl.load(S + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        else:
-            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
+        x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         y = (x - mean) * rstd
         if HAS_W:
             y = y * (tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset)
@@ -1316,12 +1314,15 @@ def _group_row(pid, S, C, HW, Cg, channels_per_split):
 
 @triton.jit
 def _group_tile(t, c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
-    """Channels, offsets (from the sample's base) and mask of tile t of a split:
-    its [BLOCK_C, BLOCK_HW] tiles are numbered channel-major over [c_lo, c_hi) x HW."""
+    """Channels, offsets (from the sample's base), mask and element count (fp32)
+    of tile t of a split: its [BLOCK_C, BLOCK_HW] tiles are numbered
+    channel-major over [c_lo, c_hi) x HW."""
     num_hw = tl.cdiv(HW, BLOCK_HW)
-    c = c_lo + (t // num_hw) * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs, mask = _tile(c, (t % num_hw) * BLOCK_HW + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-    return c, offs, mask
+    c0 = c_lo + (t // num_hw) * BLOCK_C
+    h0 = (t % num_hw) * BLOCK_HW
+    offs, mask = _tile(c0 + tl.arange(0, BLOCK_C), h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
+    count = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
+    return c0 + tl.arange(0, BLOCK_C), offs, mask, count
 
 
 @triton.jit
@@ -1375,13 +1376,9 @@ def _group_norm_fwd_kernel(
         mean = tl.full([], 0.0, tl.float32)
         m2 = mean
         count = mean
-        num_hw = tl.cdiv(HW, BLOCK_HW)
         for t in tl.range(0, num_tiles, num_stages=STAGES):
-            c0 = c_lo + (t // num_hw) * BLOCK_C   # the tile's corner: _group_tile's, for its element count
-            h0 = (t % num_hw) * BLOCK_HW
-            _, offs, mask = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+            _, offs, mask, n_b = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
-            n_b = tl.cast(tl.minimum(c_hi - c0, BLOCK_C) * tl.minimum(HW - h0, BLOCK_HW), tl.float32)
             mean_b = tl.sum(x) / n_b
             d = tl.where(mask, x - mean_b, 0.0)
             mean, m2 = _merge_moments(mean, m2, count, mean_b, tl.sum(d * d), n_b)
@@ -1404,7 +1401,7 @@ def _group_norm_fwd_kernel(
             tl.store(stats_row, mean)
             tl.store(stats_row + 1, rstd)
         for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
-            c, offs, mask = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+            c, offs, mask, _ = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
             if HAS_W:
                 y = y * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
@@ -1453,7 +1450,7 @@ def _group_norm_bwd_kernel(
         acc_xhat_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         for t in tl.range(0, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW), num_stages=STAGES):
-            c, offs, mask = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+            c, offs, mask, _ = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
             acc_xhat_g += g * (x - mean) * rstd
             acc_g += g
@@ -1504,7 +1501,7 @@ def _group_norm_bwd_kernel(
         c2 = sum_g / (Cg * HW)
         num_tiles = _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
         for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
-            c, offs, mask = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+            c, offs, mask, _ = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
             dx = (g - (x - mean) * rstd * c1 - c2) * rstd
             tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=mask)
@@ -1905,6 +1902,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     # several programs per SM to overlap. The scalar dw/db sums need a
     # persistent grid at any row length.
     trains = compute_dw or compute_db
+    # 16 elements per thread up to ROW_BLOCK_MAX, 32 beyond (16 warps, not 32,
+    # for a row of 16384): the configuration behind NOTES.md's PolyNorm figures.
     t = _poly_tiling(M, N, persistent=N <= ROW_BLOCK_MAX)
     g = _row_grid(t, _element_bytes(x2, dy2), x.device, t.one_pass or trains)
     partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None

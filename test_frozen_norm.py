@@ -285,6 +285,14 @@ def test_long_row_chunk_past_the_row(name, monkeypatch):
     check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
 
+def test_tiling_follows_warp_limits(monkeypatch):
+    """The tiling cache is keyed on every constant it reads: a changed
+    MIN_WARPS (the benchmark's --set) plans afresh, not from a stale entry."""
+    assert fn._row_tiling(37, 100).num_warps == fn.MIN_WARPS   # cached with the default limits
+    monkeypatch.setattr(fn, "MIN_WARPS", 16)
+    assert fn._row_tiling(37, 100).num_warps == 16
+
+
 @pytest.mark.parametrize("N, rows_chunk, poly_chunk", [
     (12288, 4096, None), (16384, 4096, None), (20480, 4096, 8192), (24576, 8192, 8192), (32768, 8192, 16384),
     (262144, 8192, 16384), (70001, 8192, 8192)])
