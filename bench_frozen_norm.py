@@ -33,6 +33,7 @@ import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -42,7 +43,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OP_NAMES = {"rms": "RMSNorm", "fadd": "FusedAddRMSNorm", "ln": "LayerNorm", "gn": "GroupNorm", "poly": "PolyNorm"}
 # The feature request's table (M = 2048), sizes that fill the GPU, and one
 # hidden size far past a register-resident row.
-ROW_SIZES = [(2048, n) for n in (1024, 2048, 4096, 8192, 16384, 32768)] + [(16384, 4096), (8192, 32768), (256, 262144)]
+ROW_SIZES = [(2048, n) for n in (1024, 2048, 4096, 8192, 16384, 32768)] + [(16384, 4096), (8192, 32768), (1024, 65536), (256, 262144)]
 # Diffusion-model GroupNorm shapes (B, C, H, W, G), and one with fewer
 # (sample, group) rows than an H200 has SMs.
 GROUP_SIZES = [(16, 512, 64, 64, 32), (8, 1280, 32, 32, 32), (1, 512, 256, 256, 32)]
@@ -305,6 +306,7 @@ class Launch:
     args: tuple
     constexprs: dict
     num_warps: int
+    maxnreg: Optional[int] = None   # ptxas register cap, where the launch sets one
 
 
 @dataclass
@@ -322,8 +324,8 @@ class _Recorder:
         self.kernel, self.name, self.launches = kernel, name, launches
 
     def __getitem__(self, grid):
-        def launch(*args, num_warps=4, **constexprs):
-            self.launches.append(Launch(self.kernel, self.name, tuple(grid), args, constexprs, num_warps))
+        def launch(*args, num_warps=4, maxnreg=None, **constexprs):
+            self.launches.append(Launch(self.kernel, self.name, tuple(grid), args, constexprs, num_warps, maxnreg))
         return launch
 
 
@@ -482,7 +484,8 @@ def compile_launch(launch, arch=90, **flag_overrides):
     """Compile a recorded launch for sm_<arch> (optionally with some constexprs changed)."""
     constexprs = dict(launch.constexprs, **flag_overrides)
     kernel = launch.kernel
-    compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, num_warps=launch.num_warps, arch=arch)
+    compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, num_warps=launch.num_warps,
+                                         maxnreg=launch.maxnreg, arch=arch)
     runtime_args = [p for p, a in zip([p for p in kernel.arg_names if p not in constexprs], launch.args)
                     if not (a is None or (isinstance(a, int) and not isinstance(a, bool) and a == 1))]
     return compiled_kernel, runtime_args

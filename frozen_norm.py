@@ -136,6 +136,12 @@ LOOP_ELEMENTS_PER_THREAD = 16
 LONG_CHUNK_MAX = 8192
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
+# Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
+# so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
+# Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
+# at 20480 and 28672, and 32 registers with 520 bytes of spills at 65536
+# (RMSNorm): capped, it measured faster at most lengths (NOTES.md, section 6).
+LONG_BWD_MAX_REGISTERS = 64
 # PolyNorm keeps its own rows: whole rows in a tile up to 16384 elements (it
 # holds x alone in the forward, and no N-wide accumulator in the backward), and
 # longer rows in chunks of that size (or half, as above) at
@@ -803,10 +809,11 @@ def _long_row_norm_bwd_kernel(
     and dy again, last chunk first and mostly from L2, and writes dx. There is
     no dw/db accumulator: one N wide would not fit in registers.
 
-    Grid: (M,). Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
+    Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
+    thread. Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
-    the offset o (one variant for o = 0, one for Gemma's o = 1): measured on an
-    H200, a runtime o cost this kernel up to 15% (NOTES.md, section 6).
+    the offset o (one variant for o = 0, one for Gemma's o = 1): a runtime o
+    measured slower on an H200 (NOTES.md, section 6).
     Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
     COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
     """
@@ -959,7 +966,7 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
         if compute_dx:
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, *strides, N=N, OFFSET=float(offset), **flags,
-                BLOCK_N=t.block_n, num_warps=t.num_warps)
+                BLOCK_N=t.block_n, num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
@@ -2071,12 +2078,13 @@ def _equivalent_norm(m: torch.nn.Module) -> Optional[torch.nn.Module]:
 _POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 
 
-def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, arch=90):
+def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, maxnreg=None, arch=90):
     """Compile `kernel` for an NVIDIA GPU of compute capability `arch` (90: H100/H200), no GPU needed.
 
     args: the runtime arguments in order, as a launch would pass them (tensors
     give only their dtype, so 'meta' tensors do). constexprs: the constexpr
-    keyword arguments. Integers equal to 1 become constants and pointers and
+    keyword arguments. num_warps and maxnreg (a register cap per thread) as
+    the launch sets them. Integers equal to 1 become constants and pointers and
     multiples of 16 are marked 16-aligned, as Triton's launcher does.
     Returns Triton's compiled kernel: ``.asm`` has "ttir", "ttgir", "llir",
     "ptx" and "cubin"; ``.metadata`` the launch facts.
@@ -2108,4 +2116,5 @@ def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, arch=90):
         signature[name] = "constexpr"
     signature = {name: signature[name] for name in kernel.arg_names}
     source = ASTSource(kernel, signature, constants, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)

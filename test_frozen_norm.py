@@ -306,6 +306,18 @@ def test_long_row_chunks(N, rows_chunk, poly_chunk):
     assert poly.one_pass if poly_chunk is None else poly.block_n == poly_chunk
 
 
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+def test_long_row_backward_register_cap(name):
+    """The long-row backward launches with ptxas's register cap
+    LONG_BWD_MAX_REGISTERS (the offline compile of --dce takes it from the
+    launch too); no other kernel of the backward has a cap."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    rec = record_backward(name, (4, 65536), VARIANTS[name]["trainable"])
+    caps = {launch.name: launch.maxnreg for launch in rec.launches}
+    assert caps.pop("_long_row_norm_bwd_kernel") == fn.LONG_BWD_MAX_REGISTERS
+    assert caps and all(cap is None for cap in caps.values()), caps
+
+
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                               (torch.float16, torch.bfloat16)])
 @pytest.mark.parametrize("name", list(OPS))
