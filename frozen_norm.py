@@ -828,9 +828,10 @@ def _long_row_norm_bwd_kernel(
     if CENTER:
         mean = tl.load(Mean + row)
     lanes = tl.arange(0, BLOCK_N)
-    # Pass 1: c1 = mean(xhat * g) and c2 = mean(g), summed per lane.
+    # Pass 1: c1 = mean(xhat * g) and, for CENTER, c2 = mean(g), summed per lane.
     sum_xhat_g = tl.zeros([BLOCK_N], dtype=tl.float32)
-    sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if CENTER:
+        sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + lanes
         xhat, g = _load_xhat_g(X, DY, W, cols, cols < N, mean, rstd, OFFSET, HAS_W, "evict_last")
@@ -838,10 +839,9 @@ def _long_row_norm_bwd_kernel(
         if CENTER:
             sum_g += g
     c1 = tl.sum(sum_xhat_g, axis=0) / N
-    # For RMSNorm sum_g stays 0, so this reduction is dead work; yet without it
-    # the kernel measured 10 to 12 points slower on the H200 (NOTES.md, section
-    # 6; its loads and loops compile the same). It stays, for now.
-    c2 = tl.sum(sum_g, axis=0) / N
+    c2 = 0.0
+    if CENTER:
+        c2 = tl.sum(sum_g, axis=0) / N
     # Pass 2, last chunk first (the one most likely still in L2): dx.
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
     for k in range(0, N, BLOCK_N):
