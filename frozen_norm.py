@@ -139,8 +139,9 @@ LONG_ELEMENTS_PER_THREAD = 8
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
-# at 20480 and 28672, and 32 registers with 520 bytes of spills at 65536
-# (RMSNorm): capped, it measured faster at most lengths (NOTES.md, section 6).
+# at 20480 and 28672, and 32 registers with 520 bytes of stack for spills at
+# 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
+# section 6).
 LONG_BWD_MAX_REGISTERS = 64
 # PolyNorm keeps its own rows: whole rows in a tile up to 16384 elements (it
 # holds x alone in the forward, and no N-wide accumulator in the backward), and
@@ -2116,5 +2117,7 @@ def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, maxnreg=None, arch
         signature[name] = "constexpr"
     signature = {name: signature[name] for name in kernel.arg_names}
     source = ASTSource(kernel, signature, constants, attrs)
-    options = {"num_warps": num_warps} if maxnreg is None else {"num_warps": num_warps, "maxnreg": maxnreg}
+    options = {"num_warps": num_warps}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
