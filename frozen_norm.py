@@ -386,6 +386,12 @@ def _tile(rows, cols, M, N, stride):
 
 
 @triton.jit
+def _load_vector(P, offs, n):
+    """Elements `offs` of an n-element parameter vector (w, b), in fp32; 0 past n."""
+    return tl.load(P + offs, mask=offs < n, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _chunk_moments(x, mask, n, CENTER: tl.constexpr):
     """Mean and sum of squared deviations (m2) of each row of a masked tile.
 
@@ -533,14 +539,14 @@ def rms_norm_reference(x, normalized_shape, weight=None, eps=None, offset=0.0):
 
 
 @triton.jit
-def _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
-    """y = (x - mean) * rstd * (o + w) + b for a [ROWS, BLOCK_N] tile, in fp32."""
-    y = (x - mean[:, None]) * rstd[:, None]
+def _row_affine(xhat, W, B, cols, N, offset, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """y = xhat * (o + w) + b in fp32, for a [ROWS, BLOCK_N] tile or a [BLOCK_N]
+    chunk of one row (w and b broadcast over the rows)."""
+    y = xhat
     if HAS_W:
-        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
-        y = y * w[None, :]
+        y = y * (_load_vector(W, cols, N) + offset)
     if HAS_B:
-        y = y + tl.load(B + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        y = y + _load_vector(B, cols, N)
     return y
 
 
@@ -591,7 +597,7 @@ def _row_norm_fwd_kernel(
     mean, m2 = _chunk_moments(x, mask, N, CENTER)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
     y_offs, _ = _tile(rows, cols, M, N, stride_y)
-    y = _row_affine(x, mean, rstd, W, B, cols, N, offset, HAS_W, HAS_B)
+    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, offset, HAS_W, HAS_B)
     tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Rstd + rows, rstd, mask=rows < M)
     if CENTER:
@@ -629,10 +635,11 @@ def _long_row_norm_fwd_kernel(
     once at the end: no cross-warp reduction, hence no barrier, inside the
     loop, so the warps run ahead of each other and keep their loads in flight.
     Its loads ask L2 to keep the lines (evict_last); pass 2 reads the row
-    again, last chunk first and mostly from L2, with evict_first, and writes y. N is a compile-time constant, as in
-    torch.compile's generated code: the trip counts are known and the compiler
-    can unroll and drop masks (one compiled variant per row length, and models
-    have few).
+    again, last chunk first and mostly from L2, with evict_first, and writes y
+    through the tile forward's `_row_affine`. N is a compile-time constant, as
+    in torch.compile's generated code: the trip counts are known and the
+    compiler can unroll and drop masks (one compiled variant per row length,
+    and models have few).
 
     Grid: (M,), one row per program. Pointers, dtypes and CENTER / HAS_RESIDUAL
     / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
@@ -684,11 +691,7 @@ def _long_row_norm_fwd_kernel(
         mask = cols < N
         src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
         x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        y = (x - mean) * rstd
-        if HAS_W:
-            y = y * (tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset)
-        if HAS_B:
-            y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        y = _row_affine((x - mean) * rstd, W, B, cols, N, offset, HAS_W, HAS_B)
         tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Rstd + row, rstd)
     if CENTER:
@@ -742,7 +745,7 @@ def _row_norm_bwd_kernel(
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     if HAS_W:
-        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+        w = _load_vector(W, cols, N) + offset
     if COMPUTE_DW:
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if COMPUTE_DB:
@@ -1345,7 +1348,7 @@ def _group_load_x_g(X, DY, W, c, offs, mask, c_hi, HAS_W: tl.constexpr):
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_W:
-        g = g * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+        g = g * _load_vector(W, c, c_hi)[:, None]
     return x, g
 
 
@@ -1412,9 +1415,9 @@ def _group_norm_fwd_kernel(
             c, offs, mask, _ = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
             if HAS_W:
-                y = y * tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+                y = y * _load_vector(W, c, c_hi)[:, None]
             if HAS_B:
-                y = y + tl.load(B + c, mask=c < c_hi, other=0.0).to(tl.float32)[:, None]
+                y = y + _load_vector(B, c, c_hi)[:, None]
             tl.store(Y + base + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -1482,7 +1485,7 @@ def _group_norm_bwd_kernel(
             A = tl.sum(A_tile, axis=1)
             D = tl.sum(D_tile, axis=1)
             if HAS_W:
-                w = tl.load(W + c, mask=c < c_hi, other=0.0).to(tl.float32)
+                w = _load_vector(W, c, c_hi)
                 A_w = A * w
                 D_w = D * w
             else:
