@@ -353,21 +353,25 @@ def _check_normalized_shape(x: torch.Tensor, normalized_shape) -> tuple:
     return shape
 
 
-def _as_rows(t: torch.Tensor, N: int) -> torch.Tensor:
-    """View t as (M, N) rows with unit column stride; copies only when it must.
+def _as_rows(t: torch.Tensor, N: int) -> tuple:
+    """t as M rows of N elements with unit column stride: (t, M, row stride).
 
-    The kernels take a row stride, so sliced rows need no copy. A tensor whose
-    last dim is not contiguous (transposed, expanded) is copied once.
+    A contiguous t goes to the kernels as it is, whatever its shape: they index
+    it flat, and a view would cost host time on every call. Other layouts are
+    viewed as (M, N) with their row stride, so sliced rows need no copy; a last
+    dim that is not contiguous (transposed, expanded) is copied once.
     """
+    if t.is_contiguous():
+        return t, t.numel() // N, N
     t = t.reshape(-1, N)
-    return t if t.stride(1) == 1 else t.contiguous()
+    if t.stride(1) != 1:
+        t = t.contiguous()
+    return t, t.shape[0], t.stride(0)
 
 
 def _vector(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """A parameter as a contiguous 1-D tensor (itself when it already is one)."""
-    if p is None or (p.dim() == 1 and p.is_contiguous()):
-        return p
-    return p.reshape(-1).contiguous()
+    """A parameter in contiguous memory, as the kernels index it flat (itself when it is)."""
+    return p if p is None or p.is_contiguous() else p.contiguous()
 
 
 # =============================================================================
@@ -906,19 +910,26 @@ def _row_norm_dwdb_kernel(
         tl.store(DBp + out, tl.sum(db_acc, axis=0), mask=cols < N)
 
 
-def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
-    """Launches the row forward on (M, N) rows. Returns y, s (or None), mean (or None), rstd."""
-    M, N = x.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    s = torch.empty((M, N), dtype=x.dtype, device=x.device) if residual is not None else None
+def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
+    """Launches the row forward on the rows of N elements of x (and of residual).
+
+    Returns y and s (or None) shaped as x, mean (or None) and rstd, (M,) fp32.
+    y and s are allocated contiguous, so their row stride is N.
+    """
+    shape = x.shape
+    x, M, stride_x = _as_rows(x, N)
+    stride_r = 0
+    if residual is not None:
+        residual, _, stride_r = _as_rows(residual, N)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    s = torch.empty(shape, dtype=x.dtype, device=x.device) if residual is not None else None
     mean = torch.empty((M,), dtype=torch.float32, device=x.device) if center else None
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, s, mean, rstd
     t = _row_tiling(M, N)
     args = (x, residual, s, y, weight, bias, mean, rstd)
-    strides = (x.stride(0), 0 if residual is None else residual.stride(0), 0 if s is None else s.stride(0),
-               y.stride(0))
+    strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
     if t.one_pass:
@@ -928,9 +939,10 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center):
     return y, s, mean, rstd
 
 
-def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, compute_dw, compute_db,
-                       weight_dtype=None, bias_dtype=None):
-    """Launches the row backward on (M, N) rows. Returns dx, dw, db (None where not asked).
+def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, compute_dw, compute_db):
+    """Launches the row backward on x's rows. Returns dx (shaped as x), dw, db
+    (shaped as weight, bias), None where not asked. `bias` gives db its shape
+    and dtype; the kernels do not read it.
 
     Rows up to ROW_BLOCK_MAX: one kernel on a persistent grid of P = min(tiles,
     SMs x THREADS_PER_SM / threads per program) programs; with dw/db asked it
@@ -940,15 +952,22 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
     DW_BLOCK_N), at least 1 (S = 1 at N = 32768 on an H200: 0.1 MB).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
-    M, N = x.shape
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device) if compute_dx else None
-    dw = torch.empty((N,), dtype=weight_dtype, device=x.device) if compute_dw else None
-    db = torch.empty((N,), dtype=bias_dtype, device=x.device) if compute_db else None
+    shape = x.shape
+    M = rstd.shape[0]
+    N = x.numel() // M if M else 1
+    x, _, stride_x = _as_rows(x, N)
+    dy, _, stride_dy = _as_rows(dy, N)
+    stride_ds = 0
+    if ds is not None:
+        ds, _, stride_ds = _as_rows(ds, N)
+    dx = torch.empty(shape, dtype=x.dtype, device=x.device) if compute_dx else None
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if compute_dw else None
+    db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if compute_db else None
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
-    strides = (dy.stride(0), x.stride(0), 0 if ds is None else ds.stride(0), 0 if dx is None else dx.stride(0))
+    strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
     t = _row_tiling(M, N, persistent=True)
     dw_partial = db_partial = None
     if t.one_pass:
@@ -972,18 +991,18 @@ def _row_norm_backward(dy, x, weight, mean, rstd, ds, offset, compute_dx, comput
                 dy, x, weight, mean, rstd, ds, dx, *strides, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
-            dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db)
+            dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x,
+                                                     compute_dw, compute_db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
 
-def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
-    """dw/db partial sums of long rows by `_row_norm_dwdb_kernel`: (S, N) fp32 each (or None).
+def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, compute_dw, compute_db):
+    """dw/db partial sums of M long rows by `_row_norm_dwdb_kernel`: (S, N) fp32 each (or None).
 
     S row slices, enough that (S x column blocks) fills DW_PROGRAMS_PER_SM
     programs per SM, each slice a whole number of DW_BLOCK_M row steps.
     """
-    M, N = x.shape
     col_blocks = _cdiv(N, DW_BLOCK_N)
     splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
     rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
@@ -994,23 +1013,11 @@ def _row_norm_dwdb(dy, x, mean, rstd, compute_dw, compute_db):
     tile_bytes = DW_BLOCK_M * DW_BLOCK_N * _element_bytes(dy, x if compute_dw else None)
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
-        M, N, dy.stride(0), x.stride(0), rows_per_split,
+        M, N, stride_dy, stride_x, rows_per_split,
         CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=DW_BLOCK_M,
         BLOCK_N=DW_BLOCK_N, STAGES=_pipeline_stages(tile_bytes, DW_PROGRAMS_PER_SM, x.device),
         num_warps=DW_WARPS)
     return dw_partial, db_partial
-
-
-def _row_length(x: torch.Tensor, rstd: torch.Tensor) -> int:
-    """N, the normalized length, from a saved x and its per-row statistics."""
-    return x.numel() // rstd.shape[0] if rstd.shape[0] else max(x.shape[-1], 1)
-
-
-def _grad_view(grad: Optional[torch.Tensor], like: Optional[torch.Tensor]):
-    """A flat gradient viewed with the shape of the tensor it belongs to."""
-    if grad is None or grad.shape == like.shape:
-        return grad
-    return grad.view(like.shape)
 
 
 def rms_norm_forward(x, normalized_shape, weight=None, eps=1e-6, offset=0.0):
@@ -1018,9 +1025,9 @@ def rms_norm_forward(x, normalized_shape, weight=None, eps=1e-6, offset=0.0):
 
     Used by `rms_norm` and the benchmark. It does not validate its arguments.
     """
-    N = math.prod(normalized_shape)
-    y, _, _, rstd = _row_norm_forward(_as_rows(x, N), None, _vector(weight), None, eps, offset, False)
-    return y.view(x.shape), rstd
+    y, _, _, rstd = _row_norm_forward(x, None, _vector(weight), None, eps, offset, False,
+                                      math.prod(normalized_shape))
+    return y, rstd
 
 
 def rms_norm_backward(dy, x, weight, rstd, offset=0.0, compute_dx=True, compute_dw=True):
@@ -1029,12 +1036,9 @@ def rms_norm_backward(dy, x, weight, rstd, offset=0.0, compute_dx=True, compute_
     x, weight and rstd as the forward saw and returned them; the flags say which
     gradients to compute (in the autograd Function: ctx.needs_input_grad).
     """
-    N = _row_length(x, rstd)
-    dx, dw, _ = _row_norm_backward(
-        _as_rows(dy, N), _as_rows(x, N), _vector(weight), None, rstd, None, offset,
-        compute_dx, compute_dw and weight is not None, False,
-        weight_dtype=None if weight is None else weight.dtype)
-    return _grad_view(dx, x), _grad_view(dw, weight)
+    dx, dw, _ = _row_norm_backward(dy, x, _vector(weight), None, None, rstd, None, offset,
+                                   compute_dx, compute_dw and weight is not None, False)
+    return dx, dw
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -1113,10 +1117,8 @@ def fused_add_rms_norm_reference(x, residual, weight=None, eps=1e-6, offset=0.0)
 
 def fused_add_rms_norm_forward(x, residual, weight=None, eps=1e-6, offset=0.0):
     """Low-level forward: returns (y, s, rstd). No validation."""
-    N = x.shape[-1]
-    y, s, _, rstd = _row_norm_forward(_as_rows(x, N), _as_rows(residual, N), _vector(weight), None,
-                                      eps, offset, False)
-    return y.view(x.shape), s.view(x.shape), rstd
+    y, s, _, rstd = _row_norm_forward(x, residual, _vector(weight), None, eps, offset, False, x.shape[-1])
+    return y, s, rstd
 
 
 def fused_add_rms_norm_backward(dy, ds, s, weight, rstd, offset=0.0, compute_dx=True, compute_dw=True):
@@ -1124,14 +1126,11 @@ def fused_add_rms_norm_backward(dy, ds, s, weight, rstd, offset=0.0, compute_dx=
 
     dy and ds are the gradients of y and s; either may be None (an unused output).
     """
-    N = _row_length(s, rstd)
     if dy is None:   # y unused: only ds flows back, and w gets no gradient
         return (ds if compute_dx else None), None
-    dx, dw, _ = _row_norm_backward(
-        _as_rows(dy, N), _as_rows(s, N), _vector(weight), None, rstd,
-        None if ds is None else _as_rows(ds, N), offset, compute_dx,
-        compute_dw and weight is not None, False, weight_dtype=None if weight is None else weight.dtype)
-    return _grad_view(dx, s), _grad_view(dw, weight)
+    dx, dw, _ = _row_norm_backward(dy, s, _vector(weight), None, None, rstd, ds, offset, compute_dx,
+                                   compute_dw and weight is not None, False)
+    return dx, dw
 
 
 class _FusedAddRMSNormFunction(torch.autograd.Function):
@@ -1217,19 +1216,15 @@ def layer_norm_reference(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Low-level forward: returns (y, mean, rstd). No validation."""
-    N = math.prod(normalized_shape)
-    y, _, mean, rstd = _row_norm_forward(_as_rows(x, N), None, _vector(weight), _vector(bias), eps, 0.0, True)
-    return y.view(x.shape), mean, rstd
+    y, _, mean, rstd = _row_norm_forward(x, None, _vector(weight), _vector(bias), eps, 0.0, True,
+                                         math.prod(normalized_shape))
+    return y, mean, rstd
 
 
 def layer_norm_backward(dy, x, weight, bias, mean, rstd, compute_dx=True, compute_dw=True, compute_db=True):
     """Low-level backward: returns (dx, dw, db), None for what is not computed."""
-    N = _row_length(x, rstd)
-    dx, dw, db = _row_norm_backward(
-        _as_rows(dy, N), _as_rows(x, N), _vector(weight), mean, rstd, None, 0.0, compute_dx,
-        compute_dw and weight is not None, compute_db and bias is not None,
-        weight_dtype=None if weight is None else weight.dtype, bias_dtype=None if bias is None else bias.dtype)
-    return _grad_view(dx, x), _grad_view(dw, weight), _grad_view(db, bias)
+    return _row_norm_backward(dy, x, _vector(weight), bias, mean, rstd, None, 0.0, compute_dx,
+                              compute_dw and weight is not None, compute_db and bias is not None)
 
 
 class _LayerNormFunction(torch.autograd.Function):
@@ -1547,12 +1542,12 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     """Low-level forward: returns (y, stats); stats is (B * G, 2 + 2 S) fp32 [mean, rstd, scratch]."""
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
-    x3 = x.reshape(B, C, HW).contiguous()
+    x3 = x.contiguous()   # the kernels index it as (B, C, HW)
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x), x.device)
-    y = torch.empty_like(x3)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
     if x3.numel() == 0:
-        return y.view(x.shape), stats
+        return y, stats
     launch = functools.partial(
         _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
         C, HW, C // num_groups, t.channels_per_split, t.splits, stats.stride(0), float(eps),
@@ -1563,7 +1558,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     else:
         launch(DO_STATS=True, DO_APPLY=False)
         launch(DO_STATS=False, DO_APPLY=True)
-    return y.view(x.shape), stats
+    return y, stats
 
 
 def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compute_dw=True, compute_db=True,
@@ -1576,16 +1571,14 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     """
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
-    x3 = x.reshape(B, C, HW).contiguous()
-    dy3 = dy.reshape(B, C, HW).contiguous()
+    x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
     compute_dw = compute_dw and weight is not None
     bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
-    dx = torch.empty_like(x3) if compute_dx else None
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if compute_dx else None
     dw = torch.empty((C,), dtype=weight.dtype, device=x.device) if compute_dw else None
     db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
-        return (None if dx is None else dx.view(x.shape)), (dw.zero_() if compute_dw else None), \
-            (db.zero_() if compute_db else None)
+        return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
                       GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
     splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
@@ -1605,7 +1598,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
         if compute_dx:
             launch(DO_SUMS=False, DO_DX=True)
     _reduce_partials((dw_partial, dw), (db_partial, db))
-    return (None if dx is None else dx.view(x.shape)), dw, db
+    return dx, dw, db
 
 
 class _GroupNormFunction(torch.autograd.Function):
@@ -1877,9 +1870,8 @@ def _poly_norm_bwd_kernel(
 def poly_norm_forward(x, weight, bias, eps=1e-6):
     """Low-level forward: returns (y, rstd) with rstd (M, 3) fp32. No validation."""
     N = x.shape[-1]
-    x2 = _as_rows(x, N)
-    M = x2.shape[0]
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    x2, M, stride_x = _as_rows(x, N)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # contiguous: row stride N
     rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
     if M:
         # A persistent grid for rows read once: PolyNorm's forward holds x and
@@ -1888,9 +1880,9 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
         g = _row_grid(t, _element_bytes(x2), x.device, persistent=t.one_pass)
         _poly_norm_fwd_kernel[(g.programs,)](
             x2, y, _vector(weight), _vector(bias), rstd,
-            M, N, x2.stride(0), y.stride(0), float(eps), g.tiles_per_program,
+            M, N, stride_x, N, float(eps), g.tiles_per_program,
             ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
-    return y.view(x.shape), rstd
+    return y, rstd
 
 
 def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=True, compute_db=True):
@@ -1900,14 +1892,12 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     one or two programs per SM, at most one per tile).
     """
     N = x.shape[-1]
-    x2, dy2 = _as_rows(x, N), _as_rows(dy, N)
-    M = x2.shape[0]
-    dx = torch.empty((M, N), dtype=x.dtype, device=x.device) if compute_dx else None
+    (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if compute_dx else None
     dw = torch.empty((3,), dtype=weight.dtype, device=x.device) if compute_dw else None
-    db = torch.empty((1,), dtype=bias.dtype, device=x.device) if compute_db else None
+    db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if compute_db else None
     if M == 0 or not (compute_dx or compute_dw or compute_db):
-        return _grad_view(dx, x), (dw.zero_() if compute_dw else None), \
-            (db.zero_().view(bias.shape) if compute_db else None)
+        return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     # Tiled as the row norms' backward, but persistent whenever a row is read
     # once: this kernel holds x, dy and the powers of x, too many registers for
     # several programs per SM to overlap. The scalar dw/db sums need a
@@ -1920,11 +1910,11 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
     _poly_norm_bwd_kernel[(g.programs,)](
         dy2, x2, _vector(weight), rstd, dx, partial,
-        M, N, dy2.stride(0), x2.stride(0), 0 if dx is None else dx.stride(0), g.tiles_per_program,
+        M, N, stride_dy, stride_x, N if compute_dx else 0, g.tiles_per_program,
         COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
         ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
-    return _grad_view(dx, x), dw, (None if db is None else db.view(bias.shape))
+    return dx, dw, db
 
 
 class _PolyNormFunction(torch.autograd.Function):
