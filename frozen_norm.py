@@ -143,6 +143,12 @@ LONG_ELEMENTS_PER_THREAD = 8
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
 # section 6).
 LONG_BWD_MAX_REGISTERS = 64
+# FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
+# 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
+# would read back the s that its pass 1 wrote. One tile measured 3 to 7 points
+# faster from 12288 to 32768; RMSNorm's and LayerNorm's forwards, whose pass 2
+# re-reads x from L2, measured slower in one tile (NOTES.md, section 6).
+RESIDUAL_ROW_BLOCK_MAX = 32768
 # PolyNorm keeps its own rows: whole rows in a tile up to 16384 elements (it
 # holds x alone in the forward, and no N-wide accumulator in the backward), and
 # longer rows in chunks of that size (or half, as above) at
@@ -258,12 +264,13 @@ class _RowTiling(NamedTuple):
     num_tiles: int
 
 
-def _row_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
+def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[int] = None) -> _RowTiling:
     """Tiles for the row kernels: for one program per tile, or for a persistent
-    grid (LOOP_ELEMENTS_PER_THREAD); one row per program beyond ROW_BLOCK_MAX."""
+    grid (LOOP_ELEMENTS_PER_THREAD); one row per program beyond `block_max`
+    (default ROW_BLOCK_MAX)."""
     ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
-    return _row_tiling_cached(M, N, ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX, LONG_MIN_CHUNKS,
-                              LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
+    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX,
+                              LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
 
 
 def _poly_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
@@ -927,7 +934,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, s, mean, rstd
-    t = _row_tiling(M, N)
+    t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX if residual is not None else None)
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
@@ -1105,7 +1112,9 @@ class RMSNorm(torch.nn.RMSNorm):
 #
 # The kernels are section 4's with HAS_RESIDUAL (forward: load r, add, store s)
 # and HAS_DS (backward: add ds into dx). dx and dr are one tensor returned
-# twice, as autograd's own add does. Freezing w removes what it removes for
+# twice, as autograd's own add does. One tuning differs: the forward keeps rows
+# up to RESIDUAL_ROW_BLOCK_MAX in one tile, where the long-row kernel would
+# read back the s it has just written. Freezing w removes what it removes for
 # RMSNorm.
 
 

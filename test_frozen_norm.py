@@ -258,6 +258,7 @@ def test_shapes(name, shape, groups, dtype, mode):
 def _long_rows_from(n, monkeypatch):
     """Rows longer than n take the long-row kernels (PolyNorm: its chunk loops)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", n)
+    monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "POLY_ROW_BLOCK_MAX", n)
 
 
@@ -283,6 +284,26 @@ def test_long_row_chunk_past_the_row(name, monkeypatch):
     tiling = fn._row_tiling(37, 100)
     assert not tiling.one_pass and tiling.block_n == 128
     check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], _with_grads(name))
+
+
+def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
+    """FusedAddRMSNorm's forward holds rows up to RESIDUAL_ROW_BLOCK_MAX in one
+    tile, past ROW_BLOCK_MAX where RMSNorm's takes the long-row kernel; its
+    backward is RMSNorm's. At the real limits (a row of 20000 in a tile of
+    32768), then with limits of 64 and 256 at 200 columns."""
+    from bench_frozen_norm import recording
+    check_op(OPS["fadd"], (3, 20000), torch.bfloat16, ALL_TRAIN["fadd"], _with_grads("fadd"))
+    assert fn._row_tiling(3, 20000, block_max=fn.RESIDUAL_ROW_BLOCK_MAX)[:3] == (1, 32768, True)
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", 256)
+    x = torch.empty(37, 200, device="meta")
+    with recording() as rec:
+        fn.fused_add_rms_norm_forward(x, x, x[0])
+        fn.rms_norm_forward(x, (200,), x[0])
+        fn.fused_add_rms_norm_backward(x, x, x, x[0], x[:, 0])
+    assert [(lc.name, lc.constexprs["BLOCK_N"]) for lc in rec.launches[:3]] == [
+        ("_row_norm_fwd_kernel", 256), ("_long_row_norm_fwd_kernel", 32), ("_long_row_norm_bwd_kernel", 32)]
+    check_op(OPS["fadd"], (37, 200), torch.float32, ALL_TRAIN["fadd"], _with_grads("fadd"))
 
 
 def test_tiling_follows_warp_limits(monkeypatch):
