@@ -149,11 +149,10 @@ LONG_BWD_MAX_REGISTERS = 64
 # faster from 12288 to 32768; RMSNorm's and LayerNorm's forwards, whose pass 2
 # re-reads x from L2, measured slower in one tile (NOTES.md, section 6).
 RESIDUAL_ROW_BLOCK_MAX = 32768
-# PolyNorm keeps its own rows: whole rows in a tile up to 16384 elements (it
-# holds x alone in the forward, and no N-wide accumulator in the backward), and
-# longer rows in chunks of that size (or half, as above) at
-# LOOP_ELEMENTS_PER_THREAD. The long-row kernels' scheme above (smaller chunks,
-# per-lane sums) measured slower for it.
+# PolyNorm keeps whole rows in a tile up to 16384 elements (it holds x alone in
+# the forward, and no N-wide accumulator in the backward). Longer rows: the
+# forward takes the long-row plan above; the backward walks chunks of this
+# size (or half, as above) at LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
 POLY_ROW_BLOCK_MAX = 16384
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -274,8 +273,8 @@ def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[in
 
 
 def _poly_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
-    """PolyNorm's tiles: as `_row_tiling` with POLY_ROW_BLOCK_MAX, and long rows
-    in chunks of POLY_ROW_BLOCK_MAX elements."""
+    """PolyNorm's backward tiles: as `_row_tiling` with POLY_ROW_BLOCK_MAX, and
+    long rows in chunks of POLY_ROW_BLOCK_MAX elements."""
     ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
     return _row_tiling_cached(M, N, POLY_ROW_BLOCK_MAX, TILE_ELEMENTS, ept, POLY_ROW_BLOCK_MAX, 1,
                               LOOP_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
@@ -1670,6 +1669,10 @@ class GroupNorm(torch.nn.GroupNorm):
 # saves little: the per-program sums, a (P x 4) fp32 scratch and the final
 # launch. An x without grad drops pass 2 (or the dx arithmetic) entirely.
 # Statistics are fp32: x^6 of an fp16 x fits in fp32's range.
+#
+# Rows longer than POLY_ROW_BLOCK_MAX: the forward is section 4's long-row
+# forward with three per-lane sums; the backward walks the row in chunks of
+# POLY_ROW_BLOCK_MAX, four row sums per chunk, then again for dx.
 
 
 def poly_norm_reference(x, weight, bias, eps=1e-6):
@@ -1677,6 +1680,12 @@ def poly_norm_reference(x, weight, bias, eps=1e-6):
     def norm(u):
         return u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + eps)
     return weight[0] * norm(x ** 3) + weight[1] * norm(x ** 2) + weight[2] * norm(x) + bias.reshape(())
+
+
+@triton.jit
+def _poly_weights(W):
+    """w0, w1, w2 as fp32 scalars."""
+    return tl.load(W).to(tl.float32), tl.load(W + 1).to(tl.float32), tl.load(W + 2).to(tl.float32)
 
 
 @triton.jit
@@ -1710,59 +1719,78 @@ def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
 def _poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # X, Y: (M, N); W: (3,); B: (1,); Rstd: (M, 3) fp32
     M, N, stride_x, stride_y, eps, tiles_per_program,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b.
+    """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b,
+    for rows up to POLY_ROW_BLOCK_MAX (whole rows in a tile).
 
-    Grid: (P,), program p takes tiles p, p + P, ... of [ROWS, BLOCK_N] rows
-    (tiles_per_program of them): a persistent grid when a row fits in one tile,
-    else one program per tile. Rstd receives (r1, r2, r3) per row.
+    Grid: (P,), a persistent grid: program p takes tiles p, p + P, ... of
+    [ROWS, BLOCK_N] rows (tiles_per_program of them), through a software
+    pipeline STAGES deep. Rstd receives (r1, r2, r3) per row.
     Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
-    ONE_PASS: True when a tile holds whole rows (N <= POLY_ROW_BLOCK_MAX). False:
-    one row per program, pass 1 over chunks for the statistics, pass 2 backwards
-    (so it starts with chunks still in L2) for y.
-    STAGES: as `_row_norm_bwd_kernel` (whole rows only).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     eps = tl.cast(eps, tl.float32)
-    w0 = tl.load(W).to(tl.float32)
-    w1 = tl.load(W + 1).to(tl.float32)
-    w2 = tl.load(W + 2).to(tl.float32)
+    w0, w1, w2 = _poly_weights(W)
     bias = tl.load(B).to(tl.float32)
-    if ONE_PASS:
-        cols = tl.arange(0, BLOCK_N)
-        for i in tl.range(0, tiles_per_program, num_stages=STAGES):
-            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-            x_offs, mask = _tile(rows, cols, M, N, stride_x)
-            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            s1, s2, s3 = _poly_moments(x)
-            r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
-            y_offs, _ = _tile(rows, cols, M, N, stride_y)
-            tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
-            _store_poly_stats(Rstd, rows, M, r1, r2, r3)
-    else:
-        last = (N - 1) // BLOCK_N * BLOCK_N
-        for i in range(0, tiles_per_program):
-            rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-            s1 = tl.zeros([ROWS], dtype=tl.float32)
-            s2 = s1
-            s3 = s1
-            for start in range(0, N, BLOCK_N):
-                x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
-                m1, m2, m3 = _poly_moments(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32))
-                s1 += m1
-                s2 += m2
-                s3 += m3
-            r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
-            for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
-                cols = (last - k) + tl.arange(0, BLOCK_N)
-                x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                y_offs, _ = _tile(rows, cols, M, N, stride_y)
-                x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-                tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty),
-                         mask=mask)
-            _store_poly_stats(Rstd, rows, M, r1, r2, r3)
+    cols = tl.arange(0, BLOCK_N)
+    for i in tl.range(0, tiles_per_program, num_stages=STAGES):
+        rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+        x_offs, mask = _tile(rows, cols, M, N, stride_x)
+        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        s1, s2, s3 = _poly_moments(x)
+        r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
+        y_offs, _ = _tile(rows, cols, M, N, stride_y)
+        tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
+        _store_poly_stats(Rstd, rows, M, r1, r2, r3)
+
+
+@triton.jit
+def _long_poly_norm_fwd_kernel(
+    X, Y, W, B, Rstd,                # as _poly_norm_fwd_kernel
+    stride_x, stride_y, eps,
+    N: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """PolyNorm forward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
+    `_long_row_norm_fwd_kernel` is three per-lane sums (of x^2, x^4, x^6)
+    instead of one, and the polynomial in pass 2.
+
+    Grid: (M,), one row per program; pass 1 over BLOCK_N-element chunks
+    (evict_last), the three sums reduced across lanes once after the loop;
+    pass 2 last chunk first (evict_first), mostly from L2. N is a compile-time
+    constant, as in the row norms' long-row kernels. Pointers and dtypes as
+    `_poly_norm_fwd_kernel`.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride_x
+    Y += row * stride_y
+    eps = tl.cast(eps, tl.float32)
+    w0, w1, w2 = _poly_weights(W)
+    bias = tl.load(B).to(tl.float32)
+    lanes = tl.arange(0, BLOCK_N)
+    s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+    s2_v = s1_v
+    s3_v = s1_v
+    for start in range(0, N, BLOCK_N):
+        cols = start + lanes
+        x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        x2 = x * x
+        x4 = x2 * x2
+        s1_v += x2
+        s2_v += x4
+        s3_v += x4 * x2
+    r1, r2, r3 = _poly_rstd(tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), N, eps)
+    last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
+    for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
+        cols = (last - k) + lanes
+        x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        x2 = x * x
+        y = w0 * r3 * (x2 * x) + w1 * r2 * x2 + w2 * r1 * x + bias
+        tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=cols < N)
+    tl.store(Rstd + row * 3, r1)
+    tl.store(Rstd + row * 3 + 1, r2)
+    tl.store(Rstd + row * 3 + 2, r3)
 
 
 @triton.jit
@@ -1808,9 +1836,7 @@ def _poly_norm_bwd_kernel(
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    w0 = tl.load(W).to(tl.float32)
-    w1 = tl.load(W + 1).to(tl.float32)
-    w2 = tl.load(W + 2).to(tl.float32)
+    w0, w1, w2 = _poly_weights(W)
     acc = tl.full([], 0.0, tl.float32)
     acc_w0 = acc
     acc_w1 = acc
@@ -1882,15 +1908,20 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     x2, M, stride_x = _as_rows(x, N)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # contiguous: row stride N
     rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
-    if M:
-        # A persistent grid for rows read once: PolyNorm's forward holds x and
-        # its powers, too many registers for several programs per SM to overlap.
-        t = _poly_tiling(M, N)
-        g = _row_grid(t, _element_bytes(x2), x.device, persistent=t.one_pass)
-        _poly_norm_fwd_kernel[(g.programs,)](
-            x2, y, _vector(weight), _vector(bias), rstd,
-            M, N, stride_x, N, float(eps), g.tiles_per_program,
-            ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
+    if M == 0:
+        return y, rstd
+    # Whole rows up to POLY_ROW_BLOCK_MAX, on a persistent grid: PolyNorm's
+    # forward holds x and its powers, too many registers for several programs
+    # per SM to overlap. Longer rows: the row norms' long-row plan of chunks.
+    t = _row_tiling(M, N, block_max=POLY_ROW_BLOCK_MAX)
+    args = (x2, y, _vector(weight), _vector(bias), rstd)
+    if t.one_pass:
+        g = _row_grid(t, _element_bytes(x2), x.device, persistent=True)
+        _poly_norm_fwd_kernel[(g.programs,)](*args, M, N, stride_x, N, float(eps), g.tiles_per_program,
+                                             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
+    else:
+        _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
+                                         num_warps=t.num_warps)
     return y, rstd
 
 

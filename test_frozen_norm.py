@@ -485,7 +485,8 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("call, error, message", [pytest.param(*c[1:], id=c[0]) for c in BAD_INPUTS])
 def test_bad_input(call, error, message, monkeypatch):
     launched = []
-    for name in ("_row_norm_fwd_kernel", "_group_norm_fwd_kernel", "_poly_norm_fwd_kernel"):
+    for name in ("_row_norm_fwd_kernel", "_long_row_norm_fwd_kernel", "_group_norm_fwd_kernel",
+                 "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel"):
         monkeypatch.setattr(fn, name, type("NoLaunch", (), {"__getitem__": lambda s, g: launched.append(g)})())
     with pytest.raises(error, match=message):
         call()
