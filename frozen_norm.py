@@ -149,10 +149,14 @@ LONG_BWD_MAX_REGISTERS = 64
 # faster from 12288 to 32768; RMSNorm's and LayerNorm's forwards, whose pass 2
 # re-reads x from L2, measured slower in one tile (NOTES.md, section 6).
 RESIDUAL_ROW_BLOCK_MAX = 32768
-# PolyNorm keeps whole rows in a tile up to 16384 elements (it holds x alone in
-# the forward, and no N-wide accumulator in the backward). Longer rows: the
-# forward takes the long-row plan above; the backward walks chunks of this
-# size (or half, as above) at LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
+# PolyNorm's forward keeps whole rows in a tile only up to 1024 elements;
+# longer rows take the long-row plan above, one row per program with per-lane
+# sums, which measured faster at every length from 2048 (4096: 95% of the copy
+# against 81% in a tile; NOTES.md, section 6). Its backward keeps whole rows
+# in a tile up to 16384 (no N-wide accumulator: its dw sums are scalars) and
+# walks longer rows in chunks of that size (or half, as above) at
+# LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
+POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -1670,9 +1674,10 @@ class GroupNorm(torch.nn.GroupNorm):
 # launch. An x without grad drops pass 2 (or the dx arithmetic) entirely.
 # Statistics are fp32: x^6 of an fp16 x fits in fp32's range.
 #
-# Rows longer than POLY_ROW_BLOCK_MAX: the forward is section 4's long-row
-# forward with three per-lane sums; the backward walks the row in chunks of
-# POLY_ROW_BLOCK_MAX, four row sums per chunk, then again for dx.
+# Rows longer than POLY_FWD_ROW_BLOCK_MAX (1024): the forward is section 4's
+# long-row forward with three per-lane sums. The backward holds rows up to
+# POLY_ROW_BLOCK_MAX in a tile and walks longer ones in chunks of that size,
+# four row sums per chunk, then again for dx.
 
 
 def poly_norm_reference(x, weight, bias, eps=1e-6):
@@ -1722,7 +1727,7 @@ def _poly_norm_fwd_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b,
-    for rows up to POLY_ROW_BLOCK_MAX (whole rows in a tile).
+    for rows up to POLY_FWD_ROW_BLOCK_MAX (whole rows in a tile).
 
     Grid: (P,), a persistent grid: program p takes tiles p, p + P, ... of
     [ROWS, BLOCK_N] rows (tiles_per_program of them), through a software
@@ -1752,7 +1757,7 @@ def _long_poly_norm_fwd_kernel(
     stride_x, stride_y, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """PolyNorm forward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
+    """PolyNorm forward of rows longer than POLY_FWD_ROW_BLOCK_MAX: the delta on
     `_long_row_norm_fwd_kernel` is three per-lane sums (of x^2, x^4, x^6)
     instead of one, and the polynomial in pass 2.
 
@@ -1910,10 +1915,10 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, rstd
-    # Whole rows up to POLY_ROW_BLOCK_MAX, on a persistent grid: PolyNorm's
-    # forward holds x and its powers, too many registers for several programs
-    # per SM to overlap. Longer rows: the row norms' long-row plan of chunks.
-    t = _row_tiling(M, N, block_max=POLY_ROW_BLOCK_MAX)
+    # Short rows batched in tiles, on a persistent grid: PolyNorm's forward
+    # holds x and its powers, too many registers for several programs per SM
+    # to overlap. Longer rows: the row norms' long-row plan of chunks.
+    t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         g = _row_grid(t, _element_bytes(x2), x.device, persistent=True)

@@ -260,14 +260,16 @@ def _long_rows_from(n, monkeypatch):
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "POLY_ROW_BLOCK_MAX", n)
+    monkeypatch.setattr(fn, "POLY_FWD_ROW_BLOCK_MAX", n)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 def test_long_rows(name, mode, monkeypatch):
-    """The long-row path (rows longer than ROW_BLOCK_MAX, PolyNorm's past
-    POLY_ROW_BLOCK_MAX) at a small, cheap size: 200 columns in chunks of 32 (the
-    half chunk pads less than 64), the last one partial."""
+    """The long-row path (rows longer than ROW_BLOCK_MAX; PolyNorm's backward
+    past POLY_ROW_BLOCK_MAX, its forward past POLY_FWD_ROW_BLOCK_MAX) at a
+    small, cheap size: 200 columns in chunks of 32 (the half chunk pads less
+    than 64), the last one partial."""
     _long_rows_from(64, monkeypatch)
     for tiling in (fn._row_tiling(37, 200), fn._poly_tiling(37, 200)):
         assert not tiling.one_pass and tiling.block_n == 32
@@ -306,6 +308,22 @@ def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
     check_op(OPS["fadd"], (37, 200), torch.float32, ALL_TRAIN["fadd"], _with_grads("fadd"))
 
 
+def test_poly_forward_long_rows_past_1024():
+    """PolyNorm's forward takes the long-row kernel past POLY_FWD_ROW_BLOCK_MAX
+    (real limits), its backward holds such rows in a tile."""
+    from bench_frozen_norm import recording
+    N = fn.POLY_FWD_ROW_BLOCK_MAX + 1000
+    x, w3, b1 = torch.empty(3, N, device="meta"), torch.empty(3, device="meta"), torch.empty(1, device="meta")
+    with recording() as rec:
+        fn.poly_norm_forward(x[:, :fn.POLY_FWD_ROW_BLOCK_MAX], w3, b1)
+        fn.poly_norm_forward(x, w3, b1)
+        fn.poly_norm_backward(x, x, w3, b1, x[:, :3])
+    assert [lc.name for lc in rec.launches[:3]] == [
+        "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel"]
+    assert rec.launches[2].constexprs["ONE_PASS"]
+    check_op(OPS["poly"], (3, N), torch.bfloat16, ALL_TRAIN["poly"], _with_grads("poly"))
+
+
 def test_tiling_follows_warp_limits(monkeypatch):
     """The tiling cache is keyed on every constant it reads: a changed
     MIN_WARPS (the benchmark's --set) plans afresh, not from a stale entry."""
@@ -319,8 +337,8 @@ def test_tiling_follows_warp_limits(monkeypatch):
     (262144, 8192, 16384), (70001, 8192, 8192)])
 def test_long_row_chunks(N, rows_chunk, poly_chunk):
     """The long-row planner on the real limits: a quarter row, at most
-    LONG_CHUNK_MAX (PolyNorm: POLY_ROW_BLOCK_MAX), halved where that pads the
-    row less; None: PolyNorm holds the row in one tile."""
+    LONG_CHUNK_MAX (PolyNorm's backward: POLY_ROW_BLOCK_MAX), halved where that
+    pads the row less; None: PolyNorm's backward holds the row in one tile."""
     rows, poly = fn._row_tiling(2048, N), fn._poly_tiling(2048, N)
     assert not rows.one_pass and rows.block_n == rows_chunk
     assert rows.num_warps == fn._warps_for(rows_chunk, fn.LONG_ELEMENTS_PER_THREAD)
