@@ -1716,8 +1716,9 @@ def _store_poly_stats(Rstd, rows, M, r1, r2, r3):
 
 @triton.jit
 def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
+    """y of a tile or a chunk; r1, r2, r3 broadcast against x (per row: [ROWS, 1])."""
     x2 = x * x
-    return w0 * r3[:, None] * (x2 * x) + w1 * r2[:, None] * x2 + w2 * r1[:, None] * x + bias
+    return w0 * r3 * (x2 * x) + w1 * r2 * x2 + w2 * r1 * x + bias
 
 
 @triton.jit
@@ -1747,7 +1748,8 @@ def _poly_norm_fwd_kernel(
         s1, s2, s3 = _poly_moments(x)
         r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
         y_offs, _ = _tile(rows, cols, M, N, stride_y)
-        tl.store(Y + y_offs, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=mask)
+        tl.store(Y + y_offs, _poly_apply(x, r1[:, None], r2[:, None], r3[:, None], w0, w1, w2, bias)
+                 .to(Y.dtype.element_ty), mask=mask)
         _store_poly_stats(Rstd, rows, M, r1, r2, r3)
 
 
@@ -1790,9 +1792,7 @@ def _long_poly_norm_fwd_kernel(
     for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
         cols = (last - k) + lanes
         x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        x2 = x * x
-        y = w0 * r3 * (x2 * x) + w1 * r2 * x2 + w2 * r1 * x + bias
-        tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=cols < N)
+        tl.store(Y + cols, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=cols < N)
     tl.store(Rstd + row * 3, r1)
     tl.store(Rstd + row * 3 + 1, r2)
     tl.store(Rstd + row * 3 + 2, r3)
