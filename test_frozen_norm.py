@@ -256,7 +256,7 @@ def test_shapes(name, shape, groups, dtype, mode):
 
 
 def _long_rows_from(n, monkeypatch):
-    """Rows longer than n take the long-row kernels (PolyNorm: its chunk loops)."""
+    """Rows longer than n take the long-row kernels (PolyNorm's backward: its chunk loops)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "POLY_ROW_BLOCK_MAX", n)
