@@ -1708,10 +1708,11 @@ def _poly_rstd(s1, s2, s3, N, eps):
 
 
 @triton.jit
-def _store_poly_stats(Rstd, rows, M, r1, r2, r3):
-    tl.store(Rstd + rows * 3, r1, mask=rows < M)
-    tl.store(Rstd + rows * 3 + 1, r2, mask=rows < M)
-    tl.store(Rstd + rows * 3 + 2, r3, mask=rows < M)
+def _store_poly_stats(Rstd, rows, mask, r1, r2, r3):
+    """(r1, r2, r3) of `rows` (a tile's, or one row) into the (M, 3) Rstd, where `mask`."""
+    tl.store(Rstd + rows * 3, r1, mask=mask)
+    tl.store(Rstd + rows * 3 + 1, r2, mask=mask)
+    tl.store(Rstd + rows * 3 + 2, r3, mask=mask)
 
 
 @triton.jit
@@ -1750,7 +1751,7 @@ def _poly_norm_fwd_kernel(
         y_offs, _ = _tile(rows, cols, M, N, stride_y)
         tl.store(Y + y_offs, _poly_apply(x, r1[:, None], r2[:, None], r3[:, None], w0, w1, w2, bias)
                  .to(Y.dtype.element_ty), mask=mask)
-        _store_poly_stats(Rstd, rows, M, r1, r2, r3)
+        _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)
 
 
 @triton.jit
@@ -1793,9 +1794,7 @@ def _long_poly_norm_fwd_kernel(
         cols = (last - k) + lanes
         x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(Y + cols, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=cols < N)
-    tl.store(Rstd + row * 3, r1)
-    tl.store(Rstd + row * 3 + 1, r2)
-    tl.store(Rstd + row * 3 + 2, r3)
+    _store_poly_stats(Rstd, row, True, r1, r2, r3)
 
 
 @triton.jit
