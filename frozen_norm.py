@@ -158,6 +158,13 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
+# Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
+# so that THREADS_PER_SM threads fit an SM's 64K registers and the programs the
+# persistent grid plans per SM run side by side. Left to itself, ptxas gives
+# its 8-warp tiles of 1024 and 2048 elements 139 to 160 registers (dw, db
+# trained), one program per SM, and the grid's second half runs after the
+# first. Chunked rows keep ptxas's choice (a cap there measured slower).
+POLY_BWD_MAX_REGISTERS = 128
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
@@ -1798,11 +1805,27 @@ def _long_poly_norm_fwd_kernel(
 
 
 @triton.jit
-def _poly_row_sums(x, dy, r1, r2, r3):
-    """Row sums of dy * uhat_1, dy * uhat_2, dy * uhat_3 and dy."""
+def _add3(a1, a2, a3, b1, b2, b3):
+    """Elementwise sum of two triples: the combiner of `_poly_row_sums`' reduction."""
+    return a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _poly_row_sums(x, dy, r1, r2, r3, WITH_DY: tl.constexpr):
+    """Row sums of dy * uhat_1, dy * uhat_2, dy * uhat_3, and with WITH_DY of dy
+    (else zeros, which the compiler drops with their uses).
+
+    The three power sums are one `tl.reduce` over a triple, one exchange
+    between warps through shared memory instead of three: the kernel's PTX
+    has 5 barriers instead of 11 (frozen weights). dy's sum stays apart:
+    folding it in too made the reduction hold four products at once, and the
+    tiles of 12288 and 16384 spill (344 bytes of stack).
+    """
+    sdy = tl.sum(dy, axis=1) if WITH_DY else tl.zeros_like(r1)
     x2 = x * x
-    return (tl.sum(dy * x, axis=1) * r1, tl.sum(dy * x2, axis=1) * r2,
-            tl.sum(dy * x2 * x, axis=1) * r3, tl.sum(dy, axis=1))
+    dyx = dy * x
+    s1, s2, s3 = tl.reduce((dyx, dyx * x, dyx * x2), 1, _add3)
+    return s1 * r1, s2 * r2, s3 * r3, sdy
 
 
 @triton.jit
@@ -1857,7 +1880,7 @@ def _poly_norm_bwd_kernel(
             dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
             x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-            s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3)
+            s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3, COMPUTE_DB)
         else:
             s1 = tl.zeros([ROWS], dtype=tl.float32)
             s2 = s1
@@ -1868,7 +1891,7 @@ def _poly_norm_bwd_kernel(
                 dy_offs, _ = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_dy)
                 t1, t2, t3, tdy = _poly_row_sums(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32),
                                                  tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32),
-                                                 r1, r2, r3)
+                                                 r1, r2, r3, COMPUTE_DB)
                 s1 += t1
                 s2 += t2
                 s3 += t3
@@ -1956,7 +1979,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         dy2, x2, _vector(weight), rstd, dx, partial,
         M, N, stride_dy, stride_x, N if compute_dx else 0, g.tiles_per_program,
         COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps)
+        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps,
+        maxnreg=POLY_BWD_MAX_REGISTERS if t.one_pass else None)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
 
