@@ -163,7 +163,7 @@ POLY_ROW_BLOCK_MAX = 16384
 # persistent grid plans per SM run side by side. Left to itself, ptxas gives
 # its 8-warp tiles of 1024 and 2048 elements 139 to 160 registers (dw, db
 # trained), one program per SM, and the grid's second half runs after the
-# first. Chunked rows keep ptxas's choice (a cap there measured slower).
+# first. Chunked rows keep ptxas's choice (a cap of 64 there measured slower).
 POLY_BWD_MAX_REGISTERS = 128
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
