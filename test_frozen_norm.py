@@ -378,7 +378,7 @@ def test_rms_offset(dtype, row_block_max, monkeypatch):
 @pytest.mark.parametrize("row_block_max", [8192, 512], ids=["tile", "long-rows"])
 def test_layer_norm_large_mean(row_block_max, monkeypatch):
     """A large mean over a small spread: the variance must not cancel away, in a
-    tile (mean first) or over chunks (per-lane shifted sums, then Chan's merge)."""
+    tile (mean first) or over chunks (per-lane shifted sums, merged across lanes)."""
     _long_rows_from(row_block_max, monkeypatch)
     x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
     check = fn.layer_norm(x, (3000,))
