@@ -1817,7 +1817,7 @@ def _poly_row_sums(x, dy, r1, r2, r3, WITH_DY: tl.constexpr):
     between warps through shared memory instead of three: the kernel's PTX
     has 5 barriers instead of 11 (frozen weights). dy's sum stays apart:
     folding it in too made the reduction hold four products at once, and the
-    tiles of 12288 and 16384 spill (344 bytes of stack).
+    tiles of 12288 and 16384 spill when db trains (344 bytes of stack).
     """
     sdy = tl.sum(dy, axis=1) if WITH_DY else tl.zeros_like(r1)
     x2 = x * x
@@ -1845,8 +1845,9 @@ def _poly_norm_bwd_kernel(
 ):
     """PolyNorm backward: dx (see section 8), and per-program sums for dw and db.
 
-    Grid: (P,), program p takes tiles p, p + P, ... as `_row_norm_bwd_kernel`.
-    Partial row p receives (dw_0, dw_1, dw_2, db) summed over p's rows.
+    Grid: (P,), program p takes tiles p, p + P, ... as `_row_norm_bwd_kernel`;
+    with ONE_PASS launched with at most POLY_BWD_MAX_REGISTERS registers per
+    thread. Partial row p receives (dw_0, dw_1, dw_2, db) summed over p's rows.
     Dtypes: DX is its own dtype; DY, X, W any float dtype; fp32 math.
 
     Flags (each False removes code):
