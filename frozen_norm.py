@@ -1721,6 +1721,13 @@ def _store_poly_stats(Rstd, rows, mask, r1, r2, r3):
 
 
 @triton.jit
+def _load_poly_stats(Rstd, rows, mask):
+    """The backward's mirror of `_store_poly_stats`: (r1, r2, r3) of `rows`, 0 where not `mask`."""
+    return (tl.load(Rstd + rows * 3, mask=mask, other=0.0), tl.load(Rstd + rows * 3 + 1, mask=mask, other=0.0),
+            tl.load(Rstd + rows * 3 + 2, mask=mask, other=0.0))
+
+
+@triton.jit
 def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
     """y of a tile or a chunk; r1, r2, r3 broadcast against x (per row: [ROWS, 1])."""
     x2 = x * x
@@ -1870,9 +1877,7 @@ def _poly_norm_bwd_kernel(
     acc_b = acc
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-        r1 = tl.load(Rstd + rows * 3, mask=rows < M, other=0.0)
-        r2 = tl.load(Rstd + rows * 3 + 1, mask=rows < M, other=0.0)
-        r3 = tl.load(Rstd + rows * 3 + 2, mask=rows < M, other=0.0)
+        r1, r2, r3 = _load_poly_stats(Rstd, rows, rows < M)
         if ONE_PASS:
             cols = tl.arange(0, BLOCK_N)
             x_offs, mask = _tile(rows, cols, M, N, stride_x)
