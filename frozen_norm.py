@@ -802,15 +802,16 @@ def _row_norm_bwd_kernel(
 
 
 @triton.jit
-def _load_xhat_g(X, DY, W, cols, mask, mean, rstd, OFFSET: tl.constexpr, HAS_W: tl.constexpr,
+def _load_xhat_g(X, DY, W, cols, N, mean, rstd, OFFSET: tl.constexpr, HAS_W: tl.constexpr,
                  EVICT: tl.constexpr):
-    """xhat = (x - mean) * rstd and g = dy * (o + w) of a chunk of one row, in
-    fp32; x and dy loaded with the eviction policy EVICT. Masked lanes have g = 0
-    (and xhat = -mean * rstd), so they add nothing to sums of g or xhat * g."""
+    """xhat = (x - mean) * rstd and g = dy * (o + w) of a chunk of one row of N,
+    in fp32; x and dy loaded with the eviction policy EVICT. Lanes past N have
+    g = 0 (and xhat = -mean * rstd), so they add nothing to sums of g or xhat * g."""
+    mask = cols < N
     x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if HAS_W:
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        w = _load_vector(W, cols, N)
         if OFFSET != 0.0:
             w = w + OFFSET
         g = g * w
@@ -857,7 +858,7 @@ def _long_row_norm_bwd_kernel(
         sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + lanes
-        xhat, g = _load_xhat_g(X, DY, W, cols, cols < N, mean, rstd, OFFSET, HAS_W, "evict_last")
+        xhat, g = _load_xhat_g(X, DY, W, cols, N, mean, rstd, OFFSET, HAS_W, "evict_last")
         sum_xhat_g += xhat * g
         if CENTER:
             sum_g += g
@@ -870,7 +871,7 @@ def _long_row_norm_bwd_kernel(
     for k in range(0, N, BLOCK_N):
         cols = (last - k) + lanes
         mask = cols < N
-        xhat, g = _load_xhat_g(X, DY, W, cols, mask, mean, rstd, OFFSET, HAS_W, "evict_first")
+        xhat, g = _load_xhat_g(X, DY, W, cols, N, mean, rstd, OFFSET, HAS_W, "evict_first")
         dx = (g - xhat * c1 - c2) * rstd
         if HAS_DS:
             dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)

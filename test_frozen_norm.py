@@ -357,6 +357,17 @@ def test_long_row_backward_register_cap(name):
     assert caps and all(cap is None for cap in caps.values()), caps
 
 
+@pytest.mark.parametrize("N, cap", [(4096, fn.POLY_BWD_MAX_REGISTERS), (65536, None)], ids=["tile", "chunks"])
+def test_poly_backward_register_cap(N, cap):
+    """PolyNorm's backward launches rows held in a tile with the register cap
+    POLY_BWD_MAX_REGISTERS and chunked rows without one; the partial-sum launch
+    has none."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    rec = record_backward("poly", (4, N), VARIANTS["poly"]["trainable"])
+    caps = {launch.name: launch.maxnreg for launch in rec.launches}
+    assert caps == {"_poly_norm_bwd_kernel": cap, "_sum_partials_kernel": None}
+
+
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                               (torch.float16, torch.bfloat16)])
 @pytest.mark.parametrize("name", list(OPS))
