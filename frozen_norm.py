@@ -97,8 +97,8 @@ __all__ = [
 #
 # Kernel arguments are capitalised when they are pointers (X, DY, W, Rstd...),
 # lower case when they are numbers (M, N, eps, stride_x...), upper case again
-# when they are compile-time constants (BLOCK_N, COMPUTE_DW; OFFSET is o where
-# a kernel takes it as one).
+# when they are compile-time constants (BLOCK_N, COMPUTE_DW; OFFSET is o, a
+# compile-time constant in every row kernel: see `_load_scale`).
 
 
 # =============================================================================
@@ -554,12 +554,23 @@ def rms_norm_reference(x, normalized_shape, weight=None, eps=None, offset=0.0):
 
 
 @triton.jit
-def _row_affine(xhat, W, B, cols, N, offset, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+def _load_scale(W, cols, N, OFFSET: tl.constexpr):
+    """o + w at `cols` (0 past N), fp32. o is a compile-time constant, so for
+    o = 0 there is no add: one instruction per element less, in kernels that
+    are close to their instruction-issue limit (NOTES.md, section 2)."""
+    w = _load_vector(W, cols, N)
+    if OFFSET != 0.0:
+        w = w + OFFSET
+    return w
+
+
+@triton.jit
+def _row_affine(xhat, W, B, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
     """y = xhat * (o + w) + b in fp32, for a [ROWS, BLOCK_N] tile or a [BLOCK_N]
     chunk of one row (w and b broadcast over the rows)."""
     y = xhat
     if HAS_W:
-        y = y * (_load_vector(W, cols, N) + offset)
+        y = y * _load_scale(W, cols, N, OFFSET)
     if HAS_B:
         y = y + _load_vector(B, cols, N)
     return y
@@ -583,8 +594,8 @@ def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS
 @triton.jit
 def _row_norm_fwd_kernel(
     X, R, S, Y, W, B, Mean, Rstd,        # X, R, S, Y: (M, N); W, B: (N,); Mean, Rstd: (M,) fp32
-    M, N, stride_x, stride_r, stride_s, stride_y,
-    eps, offset,
+    M, N, stride_x, stride_r, stride_s, stride_y, eps,
+    OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -604,6 +615,7 @@ def _row_norm_fwd_kernel(
       CENTER        the mean and its subtraction; Mean is not written (RMSNorm).
       HAS_RESIDUAL  the load of R, the add and the store of S.
       HAS_W, HAS_B  the load and multiply by (o + w), the load and add of b.
+    OFFSET is o; o = 0 removes the add of o to w (`_load_scale`).
     """
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
@@ -612,7 +624,7 @@ def _row_norm_fwd_kernel(
     mean, m2 = _chunk_moments(x, mask, N, CENTER)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
     y_offs, _ = _tile(rows, cols, M, N, stride_y)
-    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, offset, HAS_W, HAS_B)
+    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, OFFSET, HAS_W, HAS_B)
     tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Rstd + rows, rstd, mask=rows < M)
     if CENTER:
@@ -636,8 +648,8 @@ def _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def _long_row_norm_fwd_kernel(
     X, R, S, Y, W, B, Mean, Rstd,        # as _row_norm_fwd_kernel
-    stride_x, stride_r, stride_s, stride_y, eps, offset,
-    N: tl.constexpr,
+    stride_x, stride_r, stride_s, stride_y, eps,
+    N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -711,7 +723,7 @@ def _long_row_norm_fwd_kernel(
         mask = cols < N
         src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
         x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        y = _row_affine((x - mean) * rstd, W, B, cols, N, offset, HAS_W, HAS_B)
+        y = _row_affine((x - mean) * rstd, W, B, cols, N, OFFSET, HAS_W, HAS_B)
         tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(Rstd + row, rstd)
     if CENTER:
@@ -731,8 +743,8 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
 @triton.jit
 def _row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); DWp, DBp: (P, N) fp32
-    M, N, stride_dy, stride_x, stride_ds, stride_dx, offset, tiles_per_program,
-    CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, tiles_per_program,
+    OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -758,6 +770,7 @@ def _row_norm_bwd_kernel(
       CENTER      the mean, c2 and their subtractions (RMSNorm has neither).
       HAS_W       the load of w: g = dy when there is no weight.
       HAS_DS      the load and add of ds (FusedAddRMSNorm's second output).
+      OFFSET      o; o = 0 removes the add of o to w (`_load_scale`).
       STAGES      the software pipeline's depth over a program's tiles; 1
                   removes it and its shared-memory buffers.
     """
@@ -765,7 +778,7 @@ def _row_norm_bwd_kernel(
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     if HAS_W:
-        w = _load_vector(W, cols, N) + offset
+        w = _load_scale(W, cols, N, OFFSET)
     if COMPUTE_DW:
         dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if COMPUTE_DB:
@@ -811,10 +824,7 @@ def _load_xc_g(X, DY, W, cols, N, mean, OFFSET: tl.constexpr, HAS_W: tl.constexp
     x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if HAS_W:
-        w = _load_vector(W, cols, N)
-        if OFFSET != 0.0:
-            w = w + OFFSET
-        g = g * w
+        g = g * _load_scale(W, cols, N, OFFSET)
     return x - mean, g
 
 
@@ -843,8 +853,8 @@ def _long_row_norm_bwd_kernel(
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
     thread. Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
-    the offset o (one variant for o = 0, one for Gemma's o = 1): a runtime o
-    measured slower on an H200 (NOTES.md, section 6).
+    the offset o, as in every row kernel (`_load_scale`): here a runtime o
+    measured up to 15% slower on an H200 (NOTES.md, section 6).
     Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
     COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
     """
@@ -957,12 +967,12 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX if residual is not None else None)
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
-    meta = dict(CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
+    meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
     if t.one_pass:
-        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), float(offset), ROWS=t.rows, **meta)
+        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows, **meta)
     else:
-        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), float(offset), N=N, **meta)
+        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), N=N, **meta)
     return y, s, mean, rstd
 
 
@@ -1007,7 +1017,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             db_partial = new_partial() if compute_db else None
         _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
-            M, N, *strides, float(offset), g.tiles_per_program, **flags,
+            M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
     else:
