@@ -556,8 +556,8 @@ def rms_norm_reference(x, normalized_shape, weight=None, eps=None, offset=0.0):
 @triton.jit
 def _load_scale(W, cols, N, OFFSET: tl.constexpr):
     """o + w at `cols` (0 past N), fp32. o is a compile-time constant, so for
-    o = 0 there is no add: one instruction per element less, in kernels that
-    are close to their instruction-issue limit (NOTES.md, section 2)."""
+    o = 0 there is no add: one instruction per element less, in kernels whose
+    instruction count shows in their speed (NOTES.md, section 2)."""
     w = _load_vector(W, cols, N)
     if OFFSET != 0.0:
         w = w + OFFSET
@@ -846,9 +846,10 @@ def _long_row_norm_bwd_kernel(
     rstd is a row constant, so it is taken out of both passes: c1 = rstd *
     mean(xc * g), and dx = rstd * g + k1 * xc + k0 with the row constants
     k1 = -rstd^2 * c1 and k0 = -rstd * c2, two fused multiply-adds per element
-    once g is known. The kernel's instruction issue is close to its limit (the
-    bf16 unpacking alone is one instruction per element and tensor), so the
-    fewer multiplies measured up to 5 points faster (NOTES.md, section 6).
+    once g is known. Instructions are not free here: at the copy's bandwidth
+    this kernel's take about half the SMs' issue slots (unpacking bf16 alone
+    is one per element and tensor), and the fewer multiplies measured up to 5
+    points faster (NOTES.md, sections 2 and 6).
 
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
     thread. Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
