@@ -162,9 +162,9 @@ POLY_ROW_BLOCK_MAX = 16384
 # Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
 # so that THREADS_PER_SM threads fit an SM's 64K registers and the programs the
 # persistent grid plans per SM run side by side. Left to itself, ptxas gives
-# its 8-warp tiles of 1024 and 2048 elements 139 to 160 registers (dw, db
-# trained), one program per SM, and the grid's second half runs after the
-# first. Chunked rows keep ptxas's choice (a cap of 64 there measured slower).
+# its 8-warp tiles of 1024 elements 154 registers (dw, db trained; Triton 3.6),
+# one program per SM, and the grid's second half runs after the first.
+# Chunked rows keep ptxas's choice (a cap of 64 there measured slower).
 POLY_BWD_MAX_REGISTERS = 128
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -1872,9 +1872,11 @@ def _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2):
 
     The whole backward kernel compiles to 15% fewer instructions (SASS of a
     4096 tile: 848 -> 720 with dw, db trained) and measured up to 12 points
-    faster on an H200. Of the other groupings tried, Horner's form in x spills
-    the tiles of 16384 under POLY_BWD_MAX_REGISTERS, and the chain rule's three
-    terms with folded constants is slower (NOTES.md, section 6).
+    faster on an H200. Under POLY_BWD_MAX_REGISTERS this form spills 4 bytes
+    in the trained tile of 16384 (measured no slower); of the other groupings
+    tried, Horner's form in x spills 88 bytes there and lost 20 points, and
+    the chain rule's three terms with folded constants is slower (NOTES.md,
+    section 6).
     """
     p0 = w2 * r1
     p1 = 2.0 * w1 * r2
