@@ -144,6 +144,17 @@ LONG_ELEMENTS_PER_THREAD = 8
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
 # section 6).
 LONG_BWD_MAX_REGISTERS = 64
+# Trainable backward of rows longer than ROW_BLOCK_MAX, up to this length,
+# with one trained parameter (RMSNorm's and FusedAdd's w): the tile kernel
+# still holds the row's dw accumulator in registers if x and dy do not stay
+# there through the row reductions, so it loads them a second time (RELOAD),
+# from L1/L2, at 32 elements per thread (16 warps at 16384, one program per
+# SM; ptxas: 127 registers, no spill). That spares the long-row path's dw/db
+# kernel, which reads x and dy from DRAM again. Two accumulators (LayerNorm's
+# dw and db) spill and measured slower, and so did 16 elements per thread and
+# a software pipeline (NOTES.md, section 6).
+RELOAD_ROW_BLOCK_MAX = 16384
+RELOAD_ELEMENTS_PER_THREAD = 32
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
 # 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
 # would read back the s that its pass 1 wrote. One tile measured 3 to 7 points
@@ -275,11 +286,12 @@ class _RowTiling(NamedTuple):
     num_tiles: int
 
 
-def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[int] = None) -> _RowTiling:
+def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[int] = None,
+                elements_per_thread: Optional[int] = None) -> _RowTiling:
     """Tiles for the row kernels: for one program per tile, or for a persistent
-    grid (LOOP_ELEMENTS_PER_THREAD); one row per program beyond `block_max`
-    (default ROW_BLOCK_MAX)."""
-    ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
+    grid (LOOP_ELEMENTS_PER_THREAD, unless `elements_per_thread` is given); one
+    row per program beyond `block_max` (default ROW_BLOCK_MAX)."""
+    ept = elements_per_thread or (LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX,
                               LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
 
@@ -518,9 +530,13 @@ def _reduce_partials(*pairs) -> None:
 # rows it walks, writes it to a (P x N) scratch buffer, and
 # `_sum_partials_kernel` adds the P rows in a fixed order (no atomics, so the
 # result is the same bit for bit on every run). Rows longer than ROW_BLOCK_MAX
-# leave no room in registers for that accumulator: there `_row_norm_dwdb_kernel`
-# swaps the loops (each program owns a block of columns and walks the rows), at
-# the price of reading x and dy a second time.
+# leave no room in registers for both the row (x and dy, live through the c1
+# reduction) and that accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one
+# accumulator, the tile kernel makes room by not keeping the row: it loads x
+# and dy again after the reduction (RELOAD), from L1/L2. Past that, or with two
+# accumulators (LayerNorm's dw and db), `_row_norm_dwdb_kernel` swaps the loops
+# (each program owns a block of columns and walks the rows), at the price of
+# reading x and dy a second time from DRAM.
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -741,12 +757,21 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
 
 
 @triton.jit
+def _load_x_dy_xhat(X, DY, x_offs, dy_offs, mask, mean, rstd, EVICT: tl.constexpr):
+    """x, dy and xhat = (x - mean) * rstd of a tile of rows, in fp32 (xhat = 0
+    where masked), loaded with the eviction policy EVICT ("": the default)."""
+    x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    return x, dy, tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+
+
+@triton.jit
 def _row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); DWp, DBp: (P, N) fp32
     M, N, stride_dy, stride_x, stride_ds, stride_dx, tiles_per_program,
     OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -773,6 +798,12 @@ def _row_norm_bwd_kernel(
       OFFSET      o; o = 0 removes the add of o to w (`_load_scale`).
       STAGES      the software pipeline's depth over a program's tiles; 1
                   removes it and its shared-memory buffers.
+      RELOAD      True loads x and dy a second time for dx, dw and db, after
+                  the row reductions (from L1/L2: the first loads are marked
+                  evict_last), instead of keeping them in registers through
+                  the reductions; for rows too long to hold there beside the
+                  dw accumulator (RELOAD_ROW_BLOCK_MAX). False removes the
+                  second loads.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -788,27 +819,32 @@ def _row_norm_bwd_kernel(
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
         x_offs, mask = _tile(rows, cols, M, N, stride_x)
         dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
-        if COMPUTE_DW:
-            dw_acc += tl.sum(dy * xhat, axis=0)
-        if COMPUTE_DB:
-            db_acc += tl.sum(dy, axis=0)
+        x, dy, xhat = _load_x_dy_xhat(X, DY, x_offs, dy_offs, mask, mean, rstd, "evict_last" if RELOAD else "")
         if COMPUTE_DX:
             g = dy
             if HAS_W:
                 g = dy * w[None, :]
             c1 = tl.sum(xhat * g, axis=1) / N
+            if CENTER:
+                c2 = tl.sum(g, axis=1) / N
+            if RELOAD:
+                x, dy, xhat = _load_x_dy_xhat(X, DY, x_offs, dy_offs, mask, mean, rstd, "evict_first")
+                g = dy
+                if HAS_W:
+                    g = dy * w[None, :]
             dx = g - xhat * c1[:, None]
             if CENTER:
-                dx = dx - (tl.sum(g, axis=1) / N)[:, None]
+                dx = dx - c2[:, None]
             dx = dx * rstd[:, None]
             if HAS_DS:
                 ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
                 dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
             dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
             tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw_acc += tl.sum(dy * xhat, axis=0)
+        if COMPUTE_DB:
+            db_acc += tl.sum(dy, axis=0)
     if COMPUTE_DW:
         tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc, mask=cols < N)
     if COMPUTE_DB:
@@ -835,7 +871,8 @@ def _long_row_norm_bwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`).
+    """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
+    unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
 
     The delta on `_row_norm_bwd_kernel` is that of `_long_row_norm_fwd_kernel`
     on the forward: one row per program, pass 1 accumulates xc * g (and g, for
@@ -985,9 +1022,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     Rows up to ROW_BLOCK_MAX: one kernel on a persistent grid of P = min(tiles,
     SMs x THREADS_PER_SM / threads per program) programs; with dw/db asked it
     leaves one (P, N) fp32 buffer per trained parameter (264 rows on an H200 at
-    N = 4096: 4.3 MB). Longer rows: dx from `_long_row_norm_bwd_kernel`, and
-    dw/db from `_row_norm_dwdb` into an (S, N) fp32 buffer, S about SMs / (N /
-    DW_BLOCK_N), at least 1 (S = 1 at N = 32768 on an H200: 0.1 MB).
+    N = 4096: 4.3 MB). Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw,
+    db asked: the same kernel with RELOAD, one row per tile (132 rows on an
+    H200 at N = 16384: 8.7 MB), when N and the row strides are multiples of 16
+    (else its loads would not vectorize). Longer rows: dx from
+    `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
+    N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1 (S = 1 at N =
+    32768 on an H200: 0.1 MB).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     shape = x.shape
@@ -1007,11 +1048,18 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
     t = _row_tiling(M, N, persistent=True)
+    reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
+              and math.gcd(N, *strides) % 16 == 0)
+    if reload:
+        t = _row_tiling(M, N, persistent=True, block_max=RELOAD_ROW_BLOCK_MAX,
+                        elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
     dw_partial = db_partial = None
     if t.one_pass:
-        # Rows that fit in registers beside dw/db accumulators: a persistent
-        # grid, whose programs also accumulate dw/db when asked.
+        # Rows that fit in registers beside dw/db accumulators (with RELOAD:
+        # the accumulator beside one row's loads at a time): a persistent grid,
+        # whose programs also accumulate dw/db when asked.
         g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=True)
+        stages = 1 if reload else g.stages
         if trains:
             new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
             dw_partial = new_partial() if compute_dw else None
@@ -1020,7 +1068,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
+            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.

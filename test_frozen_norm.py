@@ -288,6 +288,78 @@ def test_long_row_chunk_past_the_row(name, monkeypatch):
     check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
 
+# Backward patterns with one trained accumulator (RELOAD's condition), and two.
+ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {"weight": TRAIN, "bias": FROZEN}),
+               ("ln", {"weight": FROZEN, "bias": TRAIN})]
+
+
+def _reload_of(name, N, want):
+    """The tile backward's RELOAD in one recorded backward call of 37 rows of
+    N; None when the call takes the long-row kernels instead."""
+    from bench_frozen_norm import record_backward
+    launches = record_backward(name, (37, N), want).launches
+    names = [lc.name for lc in launches]
+    if "_row_norm_bwd_kernel" not in names:
+        assert {"_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"} & set(names), names
+        return None
+    assert names[1:] in ([], ["_sum_partials_kernel"]), names
+    return launches[0].constexprs["RELOAD"]
+
+
+@pytest.mark.parametrize("name, params", ONE_TRAINED, ids=lambda v: v if isinstance(v, str) else pattern_id(v, {}))
+def test_reload_backward(name, params, monkeypatch):
+    """Rows past ROW_BLOCK_MAX, up to RELOAD_ROW_BLOCK_MAX, whose backward
+    trains one parameter take the tile kernel with RELOAD (x and dy loaded a
+    second time for dx and dw), at small limits: 208 columns (a multiple of
+    16) in tiles of 256, 37 rows looping over the programs; FusedAdd with both
+    outputs used (ds). Bitwise the same gradients on a second run."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+    want = {"dx": 1, "dw": params["weight"] == TRAIN}
+    if "bias" in params:
+        want["db"] = params["bias"] == TRAIN
+    assert _reload_of(name, 208, want) is True
+    d = check_op(OPS[name], (37, 208), torch.float32, params, _with_grads(name))
+    wanted = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    grads = []
+    for _ in range(2):
+        outs = OPS[name].run(d)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        torch.manual_seed(3)
+        grads.append(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("name, want, N, reload", [
+    ("rms", dict(dx=1, dw=1), 208, True), ("ln", dict(dx=1, dw=0, db=1), 208, True),
+    ("ln", dict(dx=1, dw=1, db=1), 208, None),     # two accumulators: the long-row kernels
+    ("rms", dict(dx=1, dw=0), 208, None),          # nothing trained: the long-row dx kernel alone
+    ("rms", dict(dx=0, dw=1), 208, None),          # no dx: the dw/db kernel reads x and dy once
+    ("rms", dict(dx=1, dw=1), 200, None),          # not a multiple of 16: the loads would not vectorize
+    ("rms", dict(dx=1, dw=1), 272, None),          # past RELOAD_ROW_BLOCK_MAX
+    ("rms", dict(dx=1, dw=1), 48, False),          # within ROW_BLOCK_MAX: the tile kernel as always
+])
+def test_reload_is_chosen(name, want, N, reload, monkeypatch):
+    """When the backward takes RELOAD (small limits: 64 and 256), and at the
+    real limits: 16384 in a tile of 16 warps, 16400 in the long-row kernels."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+    assert _reload_of(name, N, want) is reload
+    monkeypatch.undo()
+    from bench_frozen_norm import VARIANTS, record_backward
+    real = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX), VARIANTS["rms"]["trainable"]).launches[0]
+    assert (real.name, real.constexprs["RELOAD"], real.constexprs["BLOCK_N"], real.num_warps) == (
+        "_row_norm_bwd_kernel", True, fn.RELOAD_ROW_BLOCK_MAX, fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD)
+    longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
+    assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
+
+
+def test_reload_backward_real_limits():
+    """RMSNorm's trainable backward at a real length taking RELOAD: a row of
+    9008 in a tile of 16384 (bf16)."""
+    check_op(OPS["rms"], (3, 9008), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
+
+
 def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
     """FusedAddRMSNorm's forward holds rows up to RESIDUAL_ROW_BLOCK_MAX in one
     tile, past ROW_BLOCK_MAX where RMSNorm's takes the long-row kernel; its
