@@ -149,10 +149,11 @@ LONG_BWD_MAX_REGISTERS = 64
 # still holds the row's dw accumulator in registers if x and dy do not stay
 # there through the row reductions, so it loads them a second time (RELOAD),
 # from L1/L2, at 32 elements per thread (16 warps at 16384, one program per
-# SM; ptxas: 127 registers, no spill). That spares the long-row path's dw/db
+# SM; ptxas: 128 registers, no spill). That spares the long-row path's dw/db
 # kernel, which reads x and dy from DRAM again. Two accumulators (LayerNorm's
-# dw and db) spill and measured slower, and so did 16 elements per thread and
-# a software pipeline (NOTES.md, section 6).
+# dw and db) spill and measured slower, and so did 16 elements per thread, a
+# software pipeline, and fp32 x and dy (twice the registers per element) in
+# some cases (NOTES.md, section 6): RELOAD is for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
@@ -1024,8 +1025,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     leaves one (P, N) fp32 buffer per trained parameter (264 rows on an H200 at
     N = 4096: 4.3 MB). Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw,
     db asked: the same kernel with RELOAD, one row per tile (132 rows on an
-    H200 at N = 16384: 8.7 MB), when N and the row strides are multiples of 16
-    (else its loads would not vectorize). Longer rows: dx from
+    H200 at N = 16384: 8.7 MB), when x and dy are 16-bit and N and the row
+    strides are multiples of 16 (else its loads would not vectorize). Longer
+    rows: dx from
     `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
     N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1 (S = 1 at N =
     32768 on an H200: 0.1 MB).
@@ -1049,7 +1051,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
     t = _row_tiling(M, N, persistent=True)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
-              and math.gcd(N, *strides) % 16 == 0)
+              and math.gcd(N, *strides) % 16 == 0 and max(x.element_size(), dy.element_size()) == 2)
     if reload:
         t = _row_tiling(M, N, persistent=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)

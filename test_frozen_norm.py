@@ -293,11 +293,11 @@ ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {
                ("ln", {"weight": FROZEN, "bias": TRAIN})]
 
 
-def _reload_of(name, N, want):
+def _reload_of(name, N, want, dtype=torch.bfloat16):
     """The tile backward's RELOAD in one recorded backward call of 37 rows of
     N; None when the call takes the long-row kernels instead."""
     from bench_frozen_norm import record_backward
-    launches = record_backward(name, (37, N), want).launches
+    launches = record_backward(name, (37, N), want, dtype).launches
     names = [lc.name for lc in launches]
     if "_row_norm_bwd_kernel" not in names:
         assert {"_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"} & set(names), names
@@ -312,14 +312,15 @@ def test_reload_backward(name, params, monkeypatch):
     trains one parameter take the tile kernel with RELOAD (x and dy loaded a
     second time for dx and dw), at small limits: 208 columns (a multiple of
     16) in tiles of 256, 37 rows looping over the programs; FusedAdd with both
-    outputs used (ds). Bitwise the same gradients on a second run."""
+    outputs used (ds); fp16, as RELOAD takes 16-bit inputs only. Bitwise the
+    same gradients on a second run."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
     want = {"dx": 1, "dw": params["weight"] == TRAIN}
     if "bias" in params:
         want["db"] = params["bias"] == TRAIN
-    assert _reload_of(name, 208, want) is True
-    d = check_op(OPS[name], (37, 208), torch.float32, params, _with_grads(name))
+    assert _reload_of(name, 208, want, torch.float16) is True
+    d = check_op(OPS[name], (37, 208), torch.float16, params, _with_grads(name))
     wanted = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
     grads = []
     for _ in range(2):
@@ -332,6 +333,7 @@ def test_reload_backward(name, params, monkeypatch):
 
 @pytest.mark.parametrize("name, want, N, reload", [
     ("rms", dict(dx=1, dw=1), 208, True), ("ln", dict(dx=1, dw=0, db=1), 208, True),
+    ("rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None),   # fp32: twice the registers, it spills
     ("ln", dict(dx=1, dw=1, db=1), 208, None),     # two accumulators: the long-row kernels
     ("rms", dict(dx=1, dw=0), 208, None),          # nothing trained: the long-row dx kernel alone
     ("rms", dict(dx=0, dw=1), 208, None),          # no dx: the dw/db kernel reads x and dy once
@@ -344,7 +346,8 @@ def test_reload_is_chosen(name, want, N, reload, monkeypatch):
     real limits: 16384 in a tile of 16 warps, 16400 in the long-row kernels."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
-    assert _reload_of(name, N, want) is reload
+    want = dict(want)
+    assert _reload_of(name, N, want, want.pop("dtype", torch.bfloat16)) is reload
     monkeypatch.undo()
     from bench_frozen_norm import VARIANTS, record_backward
     real = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX), VARIANTS["rms"]["trainable"]).launches[0]
