@@ -144,6 +144,15 @@ LONG_ELEMENTS_PER_THREAD = 8
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
 # section 6).
 LONG_BWD_MAX_REGISTERS = 64
+# Pass 1 of the long-row backward may first add each thread's 8 elements of a
+# chunk (LONG_ELEMENTS_PER_THREAD, in registers), leaving one float per sum
+# and thread instead of 8 under the register cap. LayerNorm, with two per-lane
+# sums (xc * g and g), measured faster that way at every length from 12288 to
+# 65536; RMSNorm, with one, measured slower at 16384 and equal or faster on
+# longer rows (where its per-lane code spills under the cap), so it pre-sums
+# rows longer than LONG_BWD_PRESUM_AFTER only (NOTES.md, section 6).
+LONG_BWD_PRESUM = LONG_ELEMENTS_PER_THREAD
+LONG_BWD_PRESUM_AFTER = 16384
 # Trainable backward of rows longer than ROW_BLOCK_MAX, up to this length,
 # with one trained parameter (RMSNorm's and FusedAdd's w): the tile kernel
 # still holds the row's dw accumulator in registers if x and dy do not stay
@@ -871,6 +880,7 @@ def _long_row_norm_bwd_kernel(
     stride_dy, stride_x, stride_ds, stride_dx,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRESUM: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -896,6 +906,10 @@ def _long_row_norm_bwd_kernel(
     measured up to 15% slower on an H200 (NOTES.md, section 6).
     Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
     COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
+    PRESUM: consecutive elements added before pass 1's per-lane sums
+    (LONG_BWD_PRESUM, or 1, which removes the pre-sum: see the constant); a
+    power of two up to BLOCK_N, in registers when a thread holds that many
+    (LONG_ELEMENTS_PER_THREAD).
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -909,16 +923,19 @@ def _long_row_norm_bwd_kernel(
         mean = tl.load(Mean + row)
     lanes = tl.arange(0, BLOCK_N)
     # Pass 1: c1 = mean(xhat * g) and, for CENTER, c2 = mean(g), from per-lane
-    # sums of xc * g and g.
-    sum_xc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # sums of xc * g and g. A chunk is viewed as [BLOCK_N / PRESUM, PRESUM],
+    # PRESUM consecutive elements in one thread, which adds them in registers
+    # (no shuffle, no barrier) before its lane sum: one float per thread and
+    # sum instead of PRESUM.
+    sum_lanes = tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
+    sum_xc_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     if CENTER:
-        sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+        sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        cols = start + lanes
-        xc, g = _load_xc_g(X, DY, W, cols, N, mean, OFFSET, HAS_W, "evict_last")
-        sum_xc_g += xc * g
+        xc, g = _load_xc_g(X, DY, W, start + sum_lanes, N, mean, OFFSET, HAS_W, "evict_last")
+        sum_xc_g += tl.sum(xc * g, axis=1)
         if CENTER:
-            sum_g += g
+            sum_g += tl.sum(g, axis=1)
     c1 = tl.sum(sum_xc_g, axis=0) * rstd / N
     c2 = 0.0
     if CENTER:
@@ -1077,7 +1094,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         if compute_dx:
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, *strides, N=N, OFFSET=float(offset), **flags,
-                BLOCK_N=t.block_n, num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
+                BLOCK_N=t.block_n,
+                PRESUM=LONG_BWD_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1,
+                num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x,
                                                      compute_dw, compute_db)

@@ -352,7 +352,8 @@ def test_reload_is_chosen(name, want, N, reload, monkeypatch):
     from bench_frozen_norm import VARIANTS, record_backward
     real = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX), VARIANTS["rms"]["trainable"]).launches[0]
     assert (real.name, real.constexprs["RELOAD"], real.constexprs["BLOCK_N"], real.num_warps) == (
-        "_row_norm_bwd_kernel", True, fn.RELOAD_ROW_BLOCK_MAX, fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD)
+        "_row_norm_bwd_kernel", True, fn.RELOAD_ROW_BLOCK_MAX,
+        fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD)
     longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
     assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
 
@@ -430,6 +431,17 @@ def test_long_row_backward_register_cap(name):
     caps = {launch.name: launch.maxnreg for launch in rec.launches}
     assert caps.pop("_long_row_norm_bwd_kernel") == fn.LONG_BWD_MAX_REGISTERS
     assert caps and all(cap is None for cap in caps.values()), caps
+
+
+@pytest.mark.parametrize("name, N, presum", [("ln", 12288, fn.LONG_BWD_PRESUM), ("rms", 16384, 1),
+                                             ("rms", 16400, fn.LONG_BWD_PRESUM), ("fadd", 70001, fn.LONG_BWD_PRESUM)])
+def test_long_row_backward_presum(name, N, presum):
+    """Pass 1 of the long-row backward pre-sums each thread's elements for
+    LayerNorm at every length, for RMSNorm and FusedAdd past
+    LONG_BWD_PRESUM_AFTER (frozen weight: the long-row kernel at any length)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"])
+    assert [(lc.name, lc.constexprs["PRESUM"]) for lc in rec.launches] == [("_long_row_norm_bwd_kernel", presum)]
 
 
 @pytest.mark.parametrize("N, cap", [(4096, fn.POLY_BWD_MAX_REGISTERS), (65536, None)], ids=["tile", "chunks"])
