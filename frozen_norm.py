@@ -154,15 +154,16 @@ LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 # Trainable backward of rows longer than ROW_BLOCK_MAX, up to this length,
-# with one trained parameter (RMSNorm's and FusedAdd's w): the tile kernel
-# still holds the row's dw accumulator in registers if x and dy do not stay
-# there through the row reductions, so it loads them a second time (RELOAD),
-# from L1/L2, at 32 elements per thread (16 warps at 16384, one program per
-# SM; ptxas: 128 registers, no spill). That spares the long-row path's dw/db
-# kernel, which reads x and dy from DRAM again. Two accumulators (LayerNorm's
-# dw and db) spill and measured slower, and so did 16 elements per thread, a
-# software pipeline, and fp32 x and dy (twice the registers per element) in
-# some cases (NOTES.md, section 6): RELOAD is for 16-bit x and dy.
+# with one trained parameter (RMSNorm's and FusedAdd's w, LayerNorm's w or b
+# alone): the tile kernel still holds the row's accumulator in registers if x
+# and dy do not stay there through the row reductions, so it loads them a
+# second time (RELOAD), from L1/L2, at 32 elements per thread (16 warps at
+# 16384, one program per SM; ptxas: 128 registers, no spill). That spares the
+# long-row path's dw/db kernel, which reads x and dy from DRAM again. Two
+# accumulators (LayerNorm's dw and db) spill and measured slower, and so did
+# 16 elements per thread, a software pipeline, and fp32 x and dy (twice the
+# registers per element) in some cases (NOTES.md, section 6): RELOAD is for
+# 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
@@ -1044,10 +1045,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     db asked: the same kernel with RELOAD, one row per tile (132 rows on an
     H200 at N = 16384: 8.7 MB), when x and dy are 16-bit and N and the row
     strides are multiples of 16 (else its loads would not vectorize). Longer
-    rows: dx from
-    `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
-    N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1 (S = 1 at N =
-    32768 on an H200: 0.1 MB).
+    rows: dx from `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb`
+    into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1 (S
+    = 1 at N = 32768 on an H200: 0.1 MB).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     shape = x.shape
