@@ -768,12 +768,17 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
 
 
 @triton.jit
-def _load_x_dy_xhat(X, DY, x_offs, dy_offs, mask, mean, rstd, EVICT: tl.constexpr):
-    """x, dy and xhat = (x - mean) * rstd of a tile of rows, in fp32 (xhat = 0
-    where masked), loaded with the eviction policy EVICT ("": the default)."""
+def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W: tl.constexpr, EVICT: tl.constexpr):
+    """dy, xhat = (x - mean) * rstd and g = dy * w of a tile of rows, in fp32
+    (xhat = 0 where masked; g = dy without a weight), x and dy loaded with the
+    eviction policy EVICT ("": the default)."""
     x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    return x, dy, tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    g = dy
+    if HAS_W:
+        g = dy * w[None, :]
+    return dy, xhat, g
 
 
 @triton.jit
@@ -819,6 +824,7 @@ def _row_norm_bwd_kernel(
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
+    w = 1.0   # a placeholder, unused without HAS_W
     if HAS_W:
         w = _load_scale(W, cols, N, OFFSET)
     if COMPUTE_DW:
@@ -830,19 +836,14 @@ def _row_norm_bwd_kernel(
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
         x_offs, mask = _tile(rows, cols, M, N, stride_x)
         dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-        x, dy, xhat = _load_x_dy_xhat(X, DY, x_offs, dy_offs, mask, mean, rstd, "evict_last" if RELOAD else "")
+        dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
+                                      "evict_last" if RELOAD else "")
         if COMPUTE_DX:
-            g = dy
-            if HAS_W:
-                g = dy * w[None, :]
             c1 = tl.sum(xhat * g, axis=1) / N
             if CENTER:
                 c2 = tl.sum(g, axis=1) / N
             if RELOAD:
-                x, dy, xhat = _load_x_dy_xhat(X, DY, x_offs, dy_offs, mask, mean, rstd, "evict_first")
-                g = dy
-                if HAS_W:
-                    g = dy * w[None, :]
+                dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W, "evict_first")
             dx = g - xhat * c1[:, None]
             if CENTER:
                 dx = dx - c2[:, None]

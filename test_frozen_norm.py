@@ -288,7 +288,7 @@ def test_long_row_chunk_past_the_row(name, monkeypatch):
     check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
 
-# Backward patterns with one trained accumulator (RELOAD's condition), and two.
+# Backward patterns with one trained parameter, hence one accumulator (RELOAD's condition).
 ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {"weight": TRAIN, "bias": FROZEN}),
                ("ln", {"weight": FROZEN, "bias": TRAIN})]
 
@@ -313,7 +313,7 @@ def test_reload_backward(name, params, monkeypatch):
     second time for dx and dw), at small limits: 208 columns (a multiple of
     16) in tiles of 256, 37 rows looping over the programs; FusedAdd with both
     outputs used (ds); fp16, as RELOAD takes 16-bit inputs only. Bitwise the
-    same gradients on a second run."""
+    same outputs and gradients on a second run."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
     want = {"dx": 1, "dw": params["weight"] == TRAIN}
@@ -321,14 +321,8 @@ def test_reload_backward(name, params, monkeypatch):
         want["db"] = params["bias"] == TRAIN
     assert _reload_of(name, 208, want, torch.float16) is True
     d = check_op(OPS[name], (37, 208), torch.float16, params, _with_grads(name))
-    wanted = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-    grads = []
-    for _ in range(2):
-        outs = OPS[name].run(d)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        torch.manual_seed(3)
-        grads.append(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    first, second = _outputs_and_grads(OPS[name], d), _outputs_and_grads(OPS[name], d)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 @pytest.mark.parametrize("name, want, N, reload", [
@@ -342,13 +336,17 @@ def test_reload_backward(name, params, monkeypatch):
     ("rms", dict(dx=1, dw=1), 48, False),          # within ROW_BLOCK_MAX: the tile kernel as always
 ])
 def test_reload_is_chosen(name, want, N, reload, monkeypatch):
-    """When the backward takes RELOAD (small limits: 64 and 256), and at the
-    real limits: 16384 in a tile of 16 warps, 16400 in the long-row kernels."""
+    """When the backward takes RELOAD, at small limits (64 and 256)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
     want = dict(want)
     assert _reload_of(name, N, want, want.pop("dtype", torch.bfloat16)) is reload
-    monkeypatch.undo()
+
+
+def test_reload_backward_real_limits():
+    """RELOAD at the real limits: 16384 in a tile of 16 warps, 16400 in the
+    long-row kernels; and RMSNorm's trainable backward run on a row of 9008
+    in a tile of 16384 (bf16)."""
     from bench_frozen_norm import VARIANTS, record_backward
     real = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX), VARIANTS["rms"]["trainable"]).launches[0]
     assert (real.name, real.constexprs["RELOAD"], real.constexprs["BLOCK_N"], real.num_warps) == (
@@ -356,11 +354,6 @@ def test_reload_is_chosen(name, want, N, reload, monkeypatch):
         fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD)
     longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
     assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
-
-
-def test_reload_backward_real_limits():
-    """RMSNorm's trainable backward at a real length taking RELOAD: a row of
-    9008 in a tile of 16384 (bf16)."""
     check_op(OPS["rms"], (3, 9008), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
 
 
@@ -546,6 +539,16 @@ def test_frozen_backward_allocates_only_input_grads(name, shape, groups):
     assert scratch >= min_scratch, rec.allocations
 
 
+def _outputs_and_grads(op, d):
+    """One forward and backward of `op` on inputs `d`: its outputs, then the
+    gradients of every input that requires one (dy drawn from a fixed seed)."""
+    wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    outs = op.run(d)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    torch.manual_seed(2)
+    return list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
+
+
 @pytest.mark.parametrize("name", list(OPS))
 def test_deterministic(name):
     """The same inputs give bitwise-identical outputs and gradients, run after run."""
@@ -553,13 +556,7 @@ def test_deterministic(name):
     shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((300, 100), None)
     torch.manual_seed(1)
     d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
-    wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-    results = []
-    for _ in range(3):
-        outs = op.run(d)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        torch.manual_seed(2)
-        results.append(list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs))))
+    results = [_outputs_and_grads(op, d) for _ in range(3)]
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
