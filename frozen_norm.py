@@ -196,9 +196,10 @@ MIN_WARPS, MAX_WARPS = 4, 32
 # 128 registers each they fit an SM's 64K registers.
 THREADS_PER_SM = 512
 # Software pipelining of a persistent program's loop over tiles (and of the
-# column-tiled dw/db and GroupNorm loops): Triton copies the loads of the next
-# PIPELINE_STAGES - 1 iterations into shared memory (cp.async) while the current
-# one computes, so a program keeps memory busy through its reductions.
+# column-tiled dw/db, GroupNorm and partial-sum loops): Triton copies the loads
+# of the next PIPELINE_STAGES - 1 iterations into shared memory (cp.async)
+# while the current one computes, so a program keeps memory busy through its
+# reductions.
 PIPELINE_STAGES = 3
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
@@ -214,9 +215,13 @@ DW_PROGRAMS_PER_SM = 1
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
 INTERPRETER_SMS = 3
-# Tile of the final partial-sum reduction: PARTIAL_ROWS partial rows are summed
-# per step, over PARTIAL_COLS columns per program.
-PARTIAL_ROWS, PARTIAL_COLS = 32, 128
+# The final partial-sum reduction: PARTIAL_ROWS partial rows are summed per
+# step, over PARTIAL_COLS columns per program (one 128-byte line of fp32 per
+# row), by PARTIAL_WARPS warps through a PIPELINE_STAGES-deep pipeline. Narrow
+# columns make N / 32 programs, enough to spread a (P, 4096) scratch over the
+# SMs; the best of a sweep of 8 tiles and depths (NOTES.md, section 6).
+PARTIAL_ROWS, PARTIAL_COLS = 64, 32
+PARTIAL_WARPS = 4
 # GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
 # that two share an SM; 8192 and 16384 measured slower), and the programs per
 # SM to aim for when a batch has fewer (sample, group) rows than SMs: each row
@@ -470,10 +475,10 @@ def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
 
 
 @triton.jit
-def _sum_partials(Partial, Out, P, N, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_partials(Partial, Out, P, N, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
+    for p0 in tl.range(0, P, BLOCK_P, num_stages=STAGES):
         offsets, mask = _tile(p0 + tl.arange(0, BLOCK_P), cols, P, N, stride_p)
         acc += tl.load(Partial + offsets, mask=mask, other=0.0)
     tl.store(Out + cols, tl.sum(acc, axis=0).to(Out.dtype.element_ty), mask=cols < N)
@@ -483,7 +488,7 @@ def _sum_partials(Partial, Out, P, N, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: 
 def _sum_partials_kernel(
     PartialA, OutA, PartialB, OutB,   # (P, N_a) fp32 -> (N_a,) ; (P, N_b) fp32 -> (N_b,)
     P, N_a, N_b, stride_a, stride_b,
-    HAS_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Out[n] = sum over p of Partial[p, n], for one or two (Partial, Out) pairs.
 
@@ -493,11 +498,12 @@ def _sum_partials_kernel(
 
     Grid: (cdiv(max(N_a, N_b), BLOCK_N), 2 if HAS_B else 1); axis 1 picks the pair.
     HAS_B: False removes the second pair (one trained parameter).
+    STAGES: the software pipeline's depth over the [BLOCK_P, BLOCK_N] steps.
     """
     if tl.program_id(1) == 0:
-        _sum_partials(PartialA, OutA, P, N_a, stride_a, BLOCK_P, BLOCK_N)
+        _sum_partials(PartialA, OutA, P, N_a, stride_a, BLOCK_P, BLOCK_N, STAGES)
     elif HAS_B:
-        _sum_partials(PartialB, OutB, P, N_b, stride_b, BLOCK_P, BLOCK_N)
+        _sum_partials(PartialB, OutB, P, N_b, stride_b, BLOCK_P, BLOCK_N, STAGES)
 
 
 def _reduce_partials(*pairs) -> None:
@@ -516,7 +522,8 @@ def _reduce_partials(*pairs) -> None:
     _sum_partials_kernel[grid](
         partial_a, out_a, partial_b, out_b, P, partial_a.shape[1], n_b,
         partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0),
-        HAS_B=partial_b is not None, BLOCK_P=PARTIAL_ROWS, BLOCK_N=PARTIAL_COLS, num_warps=4)
+        HAS_B=partial_b is not None, BLOCK_P=PARTIAL_ROWS, BLOCK_N=PARTIAL_COLS, STAGES=PIPELINE_STAGES,
+        num_warps=PARTIAL_WARPS)
 
 
 # =============================================================================
