@@ -219,7 +219,9 @@ INTERPRETER_SMS = 3
 # step, over PARTIAL_COLS columns per program (one 128-byte line of fp32 per
 # row), by PARTIAL_WARPS warps through a PIPELINE_STAGES-deep pipeline. Narrow
 # columns make N / 32 programs, enough to spread a (P, 4096) scratch over the
-# SMs; the best of a sweep of 8 tiles and depths (NOTES.md, section 6).
+# SMs; the best of a sweep of 8 tiles and depths (NOTES.md, section 6). A
+# partial narrower than PARTIAL_COLS (PolyNorm's 4 columns) takes as many more
+# rows per step, so that its one program needs few steps.
 PARTIAL_ROWS, PARTIAL_COLS = 64, 32
 PARTIAL_WARPS = 4
 # GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
@@ -518,12 +520,13 @@ def _reduce_partials(*pairs) -> None:
     (partial_a, out_a), (partial_b, out_b) = pairs[0], pairs[1] if len(pairs) > 1 else (None, None)
     P = partial_a.shape[0]
     n_b = 0 if partial_b is None else partial_b.shape[1]
-    grid = (_cdiv(max(partial_a.shape[1], n_b), PARTIAL_COLS), 1 if partial_b is None else 2)
+    block_n = min(PARTIAL_COLS, _pow2(max(partial_a.shape[1], n_b)))
+    grid = (_cdiv(max(partial_a.shape[1], n_b), block_n), 1 if partial_b is None else 2)
     _sum_partials_kernel[grid](
         partial_a, out_a, partial_b, out_b, P, partial_a.shape[1], n_b,
         partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0),
-        HAS_B=partial_b is not None, BLOCK_P=PARTIAL_ROWS, BLOCK_N=PARTIAL_COLS, STAGES=PIPELINE_STAGES,
-        num_warps=PARTIAL_WARPS)
+        HAS_B=partial_b is not None, BLOCK_P=PARTIAL_ROWS * PARTIAL_COLS // block_n, BLOCK_N=block_n,
+        STAGES=PIPELINE_STAGES, num_warps=PARTIAL_WARPS)
 
 
 # =============================================================================
