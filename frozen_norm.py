@@ -144,15 +144,21 @@ LONG_ELEMENTS_PER_THREAD = 8
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
 # section 6).
 LONG_BWD_MAX_REGISTERS = 64
-# Pass 1 of the long-row backward may first add each thread's 8 elements of a
-# chunk (LONG_ELEMENTS_PER_THREAD, in registers), leaving one float per sum
-# and thread instead of 8 under the register cap. LayerNorm, with two per-lane
-# sums (xc * g and g), measured faster that way at every length from 12288 to
-# 65536; RMSNorm, with one, measured slower at 16384 and equal or faster on
-# longer rows (where its per-lane code spills under the cap), so it pre-sums
-# rows longer than LONG_BWD_PRESUM_AFTER only (NOTES.md, section 6).
-LONG_BWD_PRESUM = LONG_ELEMENTS_PER_THREAD
+# Pass 1 of the long-row kernels may first add each thread's 8 elements of a
+# chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
+# float per sum and thread instead of 8. In the backward, under its register
+# cap: LayerNorm, with two per-lane sums (xc * g and g), measured faster that
+# way at every length from 12288 to 65536; RMSNorm, with one, measured slower
+# at 16384 and equal or faster on longer rows (where its per-lane code spills
+# under the cap), so it pre-sums rows longer than LONG_BWD_PRESUM_AFTER only.
+# In the forward, the kernels with several sums (LayerNorm's two and its
+# shifts, PolyNorm's three) pre-sum rows longer than LONG_FWD_PRESUM_AFTER:
+# 32 registers instead of 51 to 64 at 65536 make two 32-warp programs per SM
+# instead of one. Shorter rows measured slower pre-summed (20480), and so did
+# RMSNorm's and FusedAdd's one sum (NOTES.md, section 6).
+LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
+LONG_FWD_PRESUM_AFTER = 24576
 # Trainable backward of rows longer than ROW_BLOCK_MAX, up to this length,
 # with one trained parameter (RMSNorm's and FusedAdd's w, LayerNorm's w or b
 # alone): the tile kernel still holds the row's accumulator in registers if x
@@ -174,7 +180,7 @@ RELOAD_ELEMENTS_PER_THREAD = 32
 RESIDUAL_ROW_BLOCK_MAX = 32768
 # PolyNorm's forward keeps whole rows in a tile only up to 1024 elements;
 # longer rows take the long-row plan above, one row per program with per-lane
-# sums, which measured faster at every length from 2048 (4096: 95% of the copy
+# (per-group) sums, which measured faster at every length from 2048 (4096: 95% of the copy
 # against 81% in a tile; NOTES.md, section 6). Its backward keeps whole rows
 # in a tile up to 16384 (no N-wide accumulator: its dw sums are scalars) and
 # walks longer rows in chunks of that size (or half, as above) at
@@ -575,8 +581,9 @@ def _reduce_partials(*pairs) -> None:
 # Rows longer than ROW_BLOCK_MAX do not fit in a program's registers. Their
 # kernels (`_long_row_norm_fwd_kernel`, `_long_row_norm_bwd_kernel`) give each
 # row a program that reads it twice in chunks: pass 1 for the statistic (rstd,
-# or c1), pass 2 for the output, mostly from L2. Pass 1 sums per lane and
-# reduces across the program once at the end, so its loop has no barrier.
+# or c1), pass 2 for the output, mostly from L2. Pass 1 sums per lane (or per
+# group of a thread's elements: PRESUM) and reduces across the program once at
+# the end, so its loop has no barrier.
 #
 # The same kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS) and
 # LayerNorm (CENTER, HAS_B); sections 5 and 6 explain those deltas.
@@ -688,16 +695,17 @@ def _long_row_norm_fwd_kernel(
     stride_x, stride_r, stride_s, stride_y, eps,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRESUM: tl.constexpr,
 ):
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
 
     Pass 1 walks the row in BLOCK_N-element chunks and accumulates the
-    statistics *per lane* (a [BLOCK_N] vector: the sum of squares, or for
-    CENTER sums shifted by each lane's first element), reducing across lanes
-    once at the end: no cross-warp reduction, hence no barrier, inside the
-    loop, so the warps run ahead of each other and keep their loads in flight.
+    statistics *per group* of PRESUM consecutive elements of one thread (a
+    [BLOCK_N / PRESUM] vector: the sum of squares, or for CENTER sums shifted
+    by each group's first element), reducing across groups once at the end: no
+    cross-warp reduction, hence no barrier, inside the loop, so the warps run
+    ahead of each other and keep their loads in flight.
     Its loads ask L2 to keep the lines (evict_last); pass 2 reads the row
     again, last chunk first and mostly from L2, with evict_first, and writes y
     through the tile forward's `_row_affine`. N is a compile-time constant, as
@@ -708,6 +716,9 @@ def _long_row_norm_fwd_kernel(
     Grid: (M,), one row per program. Pointers, dtypes and CENTER / HAS_RESIDUAL
     / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
     writes s and pass 2 reads it back (x and r are read once, evict_first).
+    PRESUM: a group's size, LONG_PRESUM or 1 (a group is a lane: per-lane
+    sums); see the constant. At most the elements a thread holds of a chunk
+    (LONG_ELEMENTS_PER_THREAD), so that a group adds up in registers.
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -717,33 +728,39 @@ def _long_row_norm_fwd_kernel(
         S += row * stride_s
     eps = tl.cast(eps, tl.float32)
     lanes = tl.arange(0, BLOCK_N)
-    # Pass 1: per-lane statistics. For CENTER each lane sums its elements
-    # shifted by its own first one, k: s1 = sum(x - k), s2 = sum((x - k)^2),
-    # and m2 = s2 - s1^2 / n. As k is one of the lane's n values, s2 <= (n + 1)
-    # * m2, so the subtraction loses a few ulps at most however large the mean
-    # (n <= N / BLOCK_N). The lanes then merge by the parallel-axis theorem,
-    # two plain sums: mean = sum(n * mean_v) / N, m2 = sum(m2_v + n * (mean_v -
-    # mean)^2), every term >= 0. (A `tl.reduce` with Chan's pairwise merge,
-    # which divides at every step, measured 1 to 7 points slower.) Chunk 0 is
-    # loaded first to give k (the planner makes it whole; a lane past N counts
-    # n = 0 and adds nothing).
+    # Pass 1: per-group statistics, a chunk viewed as [BLOCK_N / PRESUM,
+    # PRESUM] (a row of it is a group). For CENTER each group sums its
+    # elements shifted by its own first one, k: s1 = sum(x - k), s2 = sum((x -
+    # k)^2), and m2 = s2 - s1^2 / n. As k is one of the group's n values, s2
+    # <= (n + 1) * m2, so the subtraction loses a few ulps at most however
+    # large the mean (n <= PRESUM * N / BLOCK_N). The groups then merge by the
+    # parallel-axis theorem, two plain sums: mean = sum(n * mean_v) / N, m2 =
+    # sum(m2_v + n * (mean_v - mean)^2), every term >= 0. (A `tl.reduce` with
+    # Chan's pairwise merge, which divides at every step, measured 1 to 7
+    # points slower.) Chunk 0, which the planner makes whole, is taken first:
+    # it gives k; elements past N count n = 0 and add nothing.
+    groups = tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
     if CENTER:
-        k_v = _long_row_chunk(X, R, S, lanes, lanes < N, HAS_RESIDUAL)
-        s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
-    m2_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+        x0 = _long_row_chunk(X, R, S, groups, groups < N, HAS_RESIDUAL)
+        k_v = tl.sum(tl.where(tl.arange(0, PRESUM)[None, :] == 0, x0, 0.0), axis=1)
+        d0 = tl.where(groups < N, x0 - k_v[:, None], 0.0)
+        s1_v = tl.sum(d0, axis=1)
+        m2_v = tl.sum(d0 * d0, axis=1)
+    else:
+        m2_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     first: tl.constexpr = BLOCK_N if CENTER else 0
     for start in range(first, N, BLOCK_N):
-        cols = start + lanes
+        cols = start + groups
         mask = cols < N
         x = _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL)
         if CENTER:
-            d = tl.where(mask, x - k_v, 0.0)
-            s1_v += d
-            m2_v += d * d
+            d = tl.where(mask, x - k_v[:, None], 0.0)
+            s1_v += tl.sum(d, axis=1)
+            m2_v += tl.sum(d * d, axis=1)
         else:
-            m2_v += x * x
+            m2_v += tl.sum(x * x, axis=1)
     if CENTER:
-        n_v = tl.where(lanes < N, (N - 1 - lanes) // BLOCK_N + 1, 0).to(tl.float32)   # chunks reaching a lane
+        n_v = tl.sum(tl.where(groups < N, (N - 1 - groups) // BLOCK_N + 1, 0), axis=1).to(tl.float32)
         mean_v = k_v + s1_v / tl.maximum(n_v, 1.0)
         m2_v -= s1_v * s1_v / tl.maximum(n_v, 1.0)
         mean = tl.sum(n_v * mean_v, axis=0) / N
@@ -919,7 +936,7 @@ def _long_row_norm_bwd_kernel(
     Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
     COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
     PRESUM: consecutive elements added before pass 1's per-lane sums
-    (LONG_BWD_PRESUM, or 1, which removes the pre-sum: see the constant); a
+    (LONG_PRESUM, or 1, which removes the pre-sum: see the constant); a
     power of two up to BLOCK_N, in registers when a thread holds that many
     (LONG_ELEMENTS_PER_THREAD).
     """
@@ -1040,7 +1057,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if t.one_pass:
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows, **meta)
     else:
-        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), N=N, **meta)
+        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), N=N,
+                                        PRESUM=LONG_PRESUM if center and N > LONG_FWD_PRESUM_AFTER else 1, **meta)
     return y, s, mean, rstd
 
 
@@ -1106,7 +1124,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, *strides, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n,
-                PRESUM=LONG_BWD_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1,
+                PRESUM=LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1,
                 num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x,
@@ -1785,9 +1803,9 @@ class GroupNorm(torch.nn.GroupNorm):
 # Statistics are fp32: x^6 of an fp16 x fits in fp32's range.
 #
 # Rows longer than POLY_FWD_ROW_BLOCK_MAX (1024): the forward is section 4's
-# long-row forward with three per-lane sums. The backward holds rows up to
-# POLY_ROW_BLOCK_MAX in a tile and walks longer ones in chunks of that size,
-# four row sums per chunk, then again for dx.
+# long-row forward with three per-lane (or per-group) sums. The backward holds
+# rows up to POLY_ROW_BLOCK_MAX in a tile and walks longer ones in chunks of
+# that size, four row sums per chunk, then again for dx.
 
 
 def poly_norm_reference(x, weight, bias, eps=1e-6):
@@ -1877,14 +1895,14 @@ def _poly_norm_fwd_kernel(
 def _long_poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # as _poly_norm_fwd_kernel
     stride_x, stride_y, eps,
-    N: tl.constexpr, BLOCK_N: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, PRESUM: tl.constexpr,
 ):
     """PolyNorm forward of rows longer than POLY_FWD_ROW_BLOCK_MAX: the delta on
-    `_long_row_norm_fwd_kernel` is three per-lane sums (of x^2, x^4, x^6)
-    instead of one, and the polynomial in pass 2.
+    `_long_row_norm_fwd_kernel` is three per-group sums (of x^2, x^4, x^6)
+    instead of one, and the polynomial in pass 2 (PRESUM as there).
 
     Grid: (M,), one row per program; pass 1 over BLOCK_N-element chunks
-    (evict_last), the three sums reduced across lanes once after the loop;
+    (evict_last), the three sums reduced across groups once after the loop;
     pass 2 last chunk first (evict_first), mostly from L2. N is a compile-time
     constant, as in the row norms' long-row kernels. Pointers and dtypes as
     `_poly_norm_fwd_kernel`.
@@ -1896,17 +1914,18 @@ def _long_poly_norm_fwd_kernel(
     w0, w1, w2 = _poly_weights(W)
     bias = tl.load(B).to(tl.float32)
     lanes = tl.arange(0, BLOCK_N)
-    s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+    groups = tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
+    s1_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     s2_v = s1_v
     s3_v = s1_v
     for start in range(0, N, BLOCK_N):
-        cols = start + lanes
+        cols = start + groups
         x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
         x2 = x * x
         x4 = x2 * x2
-        s1_v += x2
-        s2_v += x4
-        s3_v += x4 * x2
+        s1_v += tl.sum(x2, axis=1)
+        s2_v += tl.sum(x4, axis=1)
+        s3_v += tl.sum(x4 * x2, axis=1)
     r1, r2, r3 = _poly_rstd(tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), N, eps)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
     for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
@@ -2078,6 +2097,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
                                              ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
+                                         PRESUM=LONG_PRESUM if N > LONG_FWD_PRESUM_AFTER else 1,
                                          num_warps=t.num_warps)
     return y, rstd
 

@@ -255,22 +255,27 @@ def test_shapes(name, shape, groups, dtype, mode):
     check_op(OPS[name], shape, dtype, params, _with_grads(name), groups)
 
 
-def _long_rows_from(n, monkeypatch):
-    """Rows longer than n take the long-row kernels (PolyNorm's backward: its chunk loops)."""
+def _long_rows_from(n, monkeypatch, presum=False):
+    """Rows longer than n take the long-row kernels (PolyNorm's backward: its
+    chunk loops); with `presum`, their forwards pre-sum (LONG_FWD_PRESUM_AFTER)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "POLY_ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "POLY_FWD_ROW_BLOCK_MAX", n)
+    if presum:
+        monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", n)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
-def test_long_rows(name, mode, monkeypatch):
+@pytest.mark.parametrize("presum", [False, True], ids=["per-lane", "presum"])
+def test_long_rows(name, mode, presum, monkeypatch):
     """The long-row path (rows longer than ROW_BLOCK_MAX; PolyNorm's backward
     past POLY_ROW_BLOCK_MAX, its forward past POLY_FWD_ROW_BLOCK_MAX) at a
     small, cheap size: 200 columns in chunks of 32 (the half chunk pads less
-    than 64), the last one partial."""
-    _long_rows_from(64, monkeypatch)
+    than 64), the last one partial; the forwards with per-lane sums, and with
+    pre-sums (LayerNorm and PolyNorm; RMSNorm and FusedAdd never pre-sum)."""
+    _long_rows_from(64, monkeypatch, presum)
     for tiling in (fn._row_tiling(37, 200), fn._poly_tiling(37, 200)):
         assert not tiling.one_pass and tiling.block_n == 32
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
@@ -426,8 +431,8 @@ def test_long_row_backward_register_cap(name):
     assert caps and all(cap is None for cap in caps.values()), caps
 
 
-@pytest.mark.parametrize("name, N, presum", [("ln", 12288, fn.LONG_BWD_PRESUM), ("rms", 16384, 1),
-                                             ("rms", 16400, fn.LONG_BWD_PRESUM), ("fadd", 70001, fn.LONG_BWD_PRESUM)])
+@pytest.mark.parametrize("name, N, presum", [("ln", 12288, fn.LONG_PRESUM), ("rms", 16384, 1),
+                                             ("rms", 16400, fn.LONG_PRESUM), ("fadd", 70001, fn.LONG_PRESUM)])
 def test_long_row_backward_presum(name, N, presum):
     """Pass 1 of the long-row backward pre-sums each thread's elements for
     LayerNorm at every length, for RMSNorm and FusedAdd past
@@ -435,6 +440,22 @@ def test_long_row_backward_presum(name, N, presum):
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"])
     assert [(lc.name, lc.constexprs["PRESUM"]) for lc in rec.launches] == [("_long_row_norm_bwd_kernel", presum)]
+
+
+@pytest.mark.parametrize("name, N, presum", [("ln", 24576, 1), ("ln", 24592, fn.LONG_PRESUM), ("poly", 24576, 1),
+                                             ("poly", 40960, fn.LONG_PRESUM), ("rms", 70001, 1), ("fadd", 70001, 1)])
+def test_long_row_forward_presum(name, N, presum):
+    """The long-row forwards with several sums (LayerNorm, PolyNorm) pre-sum
+    each thread's elements past LONG_FWD_PRESUM_AFTER; RMSNorm's and FusedAdd's
+    one sum never does."""
+    from bench_frozen_norm import recording
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    x, w = torch.empty(4, N, **meta), torch.empty(N, **meta)
+    with recording() as rec:
+        {"ln": lambda: fn.layer_norm_forward(x, (N,), w, w), "rms": lambda: fn.rms_norm_forward(x, (N,), w),
+         "fadd": lambda: fn.fused_add_rms_norm_forward(x, x, w),
+         "poly": lambda: fn.poly_norm_forward(x, torch.empty(3, **meta), torch.empty(1, **meta))}[name]()
+    assert [lc.constexprs["PRESUM"] for lc in rec.launches] == [presum], rec.launches
 
 
 @pytest.mark.parametrize("N, cap", [(4096, fn.POLY_BWD_MAX_REGISTERS), (65536, None)], ids=["tile", "chunks"])
@@ -466,22 +487,28 @@ def test_rms_offset(dtype, row_block_max, monkeypatch):
     check_op(OPS["fadd"], (37, 100), dtype, {"weight": TRAIN}, {"x": True, "residual": True}, offset=1.0)
 
 
-@pytest.mark.parametrize("row_block_max", [8192, 512], ids=["tile", "long-rows"])
-def test_layer_norm_large_mean(row_block_max, monkeypatch):
+LONG_ROW_VARIANTS = dict(argnames="row_block_max, presum", argvalues=[(8192, False), (512, False), (512, True)],
+                         ids=["tile", "long-rows", "long-rows-presum"])
+
+
+@pytest.mark.parametrize(**LONG_ROW_VARIANTS)
+def test_layer_norm_large_mean(row_block_max, presum, monkeypatch):
     """A large mean over a small spread: the variance must not cancel away, in a
-    tile (mean first) or over chunks (per-lane shifted sums, merged across lanes)."""
-    _long_rows_from(row_block_max, monkeypatch)
+    tile (mean first) or over chunks (per-lane or per-group shifted sums,
+    merged across lanes or groups)."""
+    _long_rows_from(row_block_max, monkeypatch, presum)
     x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
     check = fn.layer_norm(x, (3000,))
     ref = fn.layer_norm_reference(x.detach().double().cpu(), (3000,))
     assert rel_error(check, ref) < 1e-3
 
 
-@pytest.mark.parametrize("row_block_max", [8192, 512], ids=["tile", "long-rows"])
-def test_layer_norm_outliers(row_block_max, monkeypatch):
-    """Rows whose first elements (the long-row kernel's per-lane shifts) are
-    outliers, 1e4 against a spread of 1: the statistics must not cancel."""
-    _long_rows_from(row_block_max, monkeypatch)
+@pytest.mark.parametrize(**LONG_ROW_VARIANTS)
+def test_layer_norm_outliers(row_block_max, presum, monkeypatch):
+    """Rows whose first elements (the long-row kernel's per-lane or per-group
+    shifts) are outliers, 1e4 against a spread of 1: the statistics must not
+    cancel."""
+    _long_rows_from(row_block_max, monkeypatch, presum)
     x = randn(16, 3000)
     x[:, :700] += 1e4 * (torch.rand(16, 700, device=x.device) < 0.01)
     x.requires_grad_()
