@@ -225,9 +225,11 @@ INTERPRETER_SMS = 3
 # step, over PARTIAL_COLS columns per program (one 128-byte line of fp32 per
 # row), by PARTIAL_WARPS warps through a PIPELINE_STAGES-deep pipeline. Narrow
 # columns make N / 32 programs, enough to spread a (P, 4096) scratch over the
-# SMs; the best of a sweep of 8 tiles and depths (NOTES.md, section 6). A
-# partial narrower than PARTIAL_COLS (PolyNorm's 4 columns) takes as many more
-# rows per step, so that its one program needs few steps.
+# SMs; the best of a sweep of 8 tiles and depths (NOTES.md, section 6). A step
+# keeps PARTIAL_ROWS x PARTIAL_COLS elements but takes the partial's shape: one
+# of fewer rows takes wider steps (fewer programs: the long-row dw/db kernel
+# leaves a few rows), one narrower than PARTIAL_COLS more rows per step
+# (fewer steps: PolyNorm's 4 columns).
 PARTIAL_ROWS, PARTIAL_COLS = 64, 32
 PARTIAL_WARPS = 4
 # GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
@@ -526,12 +528,13 @@ def _reduce_partials(*pairs) -> None:
     (partial_a, out_a), (partial_b, out_b) = pairs[0], pairs[1] if len(pairs) > 1 else (None, None)
     P = partial_a.shape[0]
     n_b = 0 if partial_b is None else partial_b.shape[1]
-    block_n = min(PARTIAL_COLS, _pow2(max(partial_a.shape[1], n_b)))
-    grid = (_cdiv(max(partial_a.shape[1], n_b), block_n), 1 if partial_b is None else 2)
-    _sum_partials_kernel[grid](
+    N = max(partial_a.shape[1], n_b)
+    step = PARTIAL_ROWS * PARTIAL_COLS   # elements per step, shaped to the partial
+    block_n = min(_pow2(N), step // min(PARTIAL_ROWS, _pow2(P)))
+    _sum_partials_kernel[(_cdiv(N, block_n), 1 if partial_b is None else 2)](
         partial_a, out_a, partial_b, out_b, P, partial_a.shape[1], n_b,
         partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0),
-        HAS_B=partial_b is not None, BLOCK_P=PARTIAL_ROWS * PARTIAL_COLS // block_n, BLOCK_N=block_n,
+        HAS_B=partial_b is not None, BLOCK_P=step // block_n, BLOCK_N=block_n,
         STAGES=PIPELINE_STAGES, num_warps=PARTIAL_WARPS)
 
 

@@ -266,15 +266,15 @@ def _long_rows_from(n, monkeypatch, presum=False):
         monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", n)
 
 
-@pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
+@pytest.mark.parametrize("name, presum", [("rms", False), ("fadd", False), ("ln", False), ("ln", True),
+                                          ("poly", False), ("poly", True)])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
-@pytest.mark.parametrize("presum", [False, True], ids=["per-lane", "presum"])
 def test_long_rows(name, mode, presum, monkeypatch):
     """The long-row path (rows longer than ROW_BLOCK_MAX; PolyNorm's backward
     past POLY_ROW_BLOCK_MAX, its forward past POLY_FWD_ROW_BLOCK_MAX) at a
     small, cheap size: 200 columns in chunks of 32 (the half chunk pads less
     than 64), the last one partial; the forwards with per-lane sums, and with
-    pre-sums (LayerNorm and PolyNorm; RMSNorm and FusedAdd never pre-sum)."""
+    pre-sums where they take them (LayerNorm, PolyNorm)."""
     _long_rows_from(64, monkeypatch, presum)
     for tiling in (fn._row_tiling(37, 200), fn._poly_tiling(37, 200)):
         assert not tiling.one_pass and tiling.block_n == 32
