@@ -153,9 +153,10 @@ LONG_BWD_MAX_REGISTERS = 64
 # under the cap), so it pre-sums rows longer than LONG_BWD_PRESUM_AFTER only.
 # In the forward, the kernels with several sums (LayerNorm's two and its
 # shifts, PolyNorm's three) pre-sum rows longer than LONG_FWD_PRESUM_AFTER:
-# 32 registers instead of 51 to 64 at 65536 make two 32-warp programs per SM
-# instead of one. Shorter rows measured slower pre-summed (20480), and so did
-# RMSNorm's and FusedAdd's one sum (NOTES.md, section 6).
+# at 65536, 32 registers instead of 56 (LayerNorm) or 52 (PolyNorm) make two
+# 32-warp programs per SM instead of one. Shorter rows measured slower
+# pre-summed (20480), and so did RMSNorm's and FusedAdd's one sum (NOTES.md,
+# section 6).
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
@@ -180,11 +181,11 @@ RELOAD_ELEMENTS_PER_THREAD = 32
 RESIDUAL_ROW_BLOCK_MAX = 32768
 # PolyNorm's forward keeps whole rows in a tile only up to 1024 elements;
 # longer rows take the long-row plan above, one row per program with per-lane
-# (per-group) sums, which measured faster at every length from 2048 (4096: 95% of the copy
-# against 81% in a tile; NOTES.md, section 6). Its backward keeps whole rows
-# in a tile up to 16384 (no N-wide accumulator: its dw sums are scalars) and
-# walks longer rows in chunks of that size (or half, as above) at
-# LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
+# (or per-group) sums, which measured faster at every length from 2048 (4096:
+# 95% of the copy against 81% in a tile; NOTES.md, section 6). Its backward
+# keeps whole rows in a tile up to 16384 (no N-wide accumulator: its dw sums
+# are scalars) and walks longer rows in chunks of that size (or half, as
+# above) at LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
 # Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
