@@ -302,6 +302,12 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def _long_forward_presum(N: int, sums: int) -> int:
+    """PRESUM of a long-row forward whose pass 1 keeps `sums` per-lane sums:
+    pre-summed with several sums past LONG_FWD_PRESUM_AFTER (see the constant)."""
+    return LONG_PRESUM if sums > 1 and N > LONG_FWD_PRESUM_AFTER else 1
+
+
 class _RowTiling(NamedTuple):
     """How the row kernels cut an (M, N) tensor: into [ROWS, BLOCK_N] tiles of
     whole rows (N <= ROW_BLOCK_MAX), or into one row per program, walked in
@@ -450,6 +456,15 @@ def _tile(rows, cols, M, N, stride):
 def _load_vector(P, offs, n):
     """Elements `offs` of an n-element parameter vector (w, b), in fp32; 0 past n."""
     return tl.load(P + offs, mask=offs < n, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _lane_groups(BLOCK_N: tl.constexpr, PRESUM: tl.constexpr):
+    """Offsets 0..BLOCK_N-1 of a chunk viewed as [BLOCK_N / PRESUM, PRESUM]: a
+    row holds PRESUM consecutive elements, which one thread holds when PRESUM
+    is at most its share of the chunk, so a `tl.sum(axis=1)` adds them in
+    registers (the long-row kernels' PRESUM; PRESUM = 1 keeps one per lane)."""
+    return tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
 
 
 @triton.jit
@@ -743,7 +758,7 @@ def _long_row_norm_fwd_kernel(
     # Chan's pairwise merge, which divides at every step, measured 1 to 7
     # points slower.) Chunk 0, which the planner makes whole, is taken first:
     # it gives k; elements past N count n = 0 and add nothing.
-    groups = tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
+    groups = _lane_groups(BLOCK_N, PRESUM)
     if CENTER:
         x0 = _long_row_chunk(X, R, S, groups, groups < N, HAS_RESIDUAL)
         k_v = tl.sum(tl.where(tl.arange(0, PRESUM)[None, :] == 0, x0, 0.0), axis=1)
@@ -960,7 +975,7 @@ def _long_row_norm_bwd_kernel(
     # PRESUM consecutive elements in one thread, which adds them in registers
     # (no shuffle, no barrier) before its lane sum: one float per thread and
     # sum instead of PRESUM.
-    sum_lanes = tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
+    sum_lanes = _lane_groups(BLOCK_N, PRESUM)
     sum_xc_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     if CENTER:
         sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
@@ -1062,7 +1077,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows, **meta)
     else:
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), N=N,
-                                        PRESUM=LONG_PRESUM if center and N > LONG_FWD_PRESUM_AFTER else 1, **meta)
+                                        PRESUM=_long_forward_presum(N, 2 if center else 1), **meta)
     return y, s, mean, rstd
 
 
@@ -1918,7 +1933,7 @@ def _long_poly_norm_fwd_kernel(
     w0, w1, w2 = _poly_weights(W)
     bias = tl.load(B).to(tl.float32)
     lanes = tl.arange(0, BLOCK_N)
-    groups = tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
+    groups = _lane_groups(BLOCK_N, PRESUM)
     s1_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     s2_v = s1_v
     s3_v = s1_v
@@ -2101,7 +2116,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
                                              ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
-                                         PRESUM=LONG_PRESUM if N > LONG_FWD_PRESUM_AFTER else 1,
+                                         PRESUM=_long_forward_presum(N, 3),
                                          num_warps=t.num_warps)
     return y, rstd
 
