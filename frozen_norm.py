@@ -244,6 +244,16 @@ GROUP_PROGRAMS_PER_SM = 2
 # 16 times fewer reductions than one channel of 4096 (swept 1 to 64; without
 # dw/db, tiles of one channel measured best).
 GROUP_SUM_CHANNELS = 16
+# GroupNorm rows longer than ROW_BLOCK_MAX take the long-row kernels (one
+# program per row, per-group sums without a barrier in the loop) for the
+# forward and the frozen backward when there are at least
+# GROUP_LONG_ROWS_PER_SM rows per SM (fewer are split over programs by
+# GroupNorm's own kernels) and a channel's HW positions are a multiple of
+# GROUP_LONG_MIN_RUN (w and b are loaded once per run of that many elements
+# or more; one load per element, at odd HW, measured slower than GroupNorm's
+# kernels). Both from a sweep of 12 shapes (NOTES.md, section 6).
+GROUP_LONG_ROWS_PER_SM = 0.5
+GROUP_LONG_MIN_RUN = 4
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -640,6 +650,23 @@ def _row_affine(xhat, W, B, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, 
 
 
 @triton.jit
+def _affine_index(cols, N, HW: tl.constexpr):
+    """Which element of w and b each element `cols` of a long row uses, and
+    how many there are: its column, of N, for the row norms (HW = 0); its
+    channel, cols // HW of N // HW, for GroupNorm (section 7), whose chunks
+    are viewed as [BLOCK_N / PRESUM, PRESUM] with PRESUM dividing HW, so that
+    a group's elements share one channel, taken once per group (one load of w
+    per thread and chunk, not one per element)."""
+    if HW > 0:
+        index = (tl.min(cols, axis=1) // HW)[:, None]
+        n: tl.constexpr = N // HW
+    else:
+        index = cols
+        n: tl.constexpr = N
+    return index, n
+
+
+@triton.jit
 def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr):
     """x of a tile in fp32, and its mask. With HAS_RESIDUAL: x + r, rounded to S's
     dtype and stored to S, because the next block sees (and we normalize) that."""
@@ -711,10 +738,10 @@ def _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL: tl.constexpr):
 @triton.jit
 def _long_row_norm_fwd_kernel(
     X, R, S, Y, W, B, Mean, Rstd,        # as _row_norm_fwd_kernel
-    stride_x, stride_r, stride_s, stride_y, eps,
+    stride_x, stride_r, stride_s, stride_y, stride_stats, G, eps,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRESUM: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRESUM: tl.constexpr, HW: tl.constexpr,
 ):
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
@@ -738,10 +765,20 @@ def _long_row_norm_fwd_kernel(
     PRESUM: a group's size, LONG_PRESUM or 1 (a group is a lane: per-lane
     sums); see the constant. At most the elements a thread holds of a chunk
     (LONG_ELEMENTS_PER_THREAD), so that a group adds up in registers.
+    HW: 0 for the row norms. GroupNorm's rows (section 7) set it to the
+    positions per channel: a row is one (sample, group), N = Cg * HW, and w
+    and b are per channel (`_affine_index`), from the group's first channel,
+    (row % G) * Cg; PRESUM divides HW. Mean and Rstd are then columns of the
+    (B * G, 2 + 2S) statistics, of row stride stride_stats (else 1).
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
     Y += row * stride_y
+    if HW > 0:   # GroupNorm: the row's group's channels of w and b
+        if HAS_W:
+            W += (row % G) * (N // HW)
+        if HAS_B:
+            B += (row % G) * (N // HW)
     if HAS_RESIDUAL:
         R += row * stride_r
         S += row * stride_s
@@ -790,17 +827,20 @@ def _long_row_norm_fwd_kernel(
         m2 = tl.sum(m2_v, axis=0)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
     # Pass 2, last chunk first (the one most likely still in L2): y.
+    if HW > 0:
+        lanes = groups   # GroupNorm: w and b per group (`_affine_index`)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
     for k in range(0, N, BLOCK_N):
         cols = (last - k) + lanes
         mask = cols < N
         src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
         x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        y = _row_affine((x - mean) * rstd, W, B, cols, N, OFFSET, HAS_W, HAS_B)
+        index, n = _affine_index(cols, N, HW)
+        y = _row_affine((x - mean) * rstd, W, B, index, n, OFFSET, HAS_W, HAS_B)
         tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(Rstd + row, rstd)
+    tl.store(Rstd + row * stride_stats, rstd)
     if CENTER:
-        tl.store(Mean + row, mean)
+        tl.store(Mean + row * stride_stats, mean)
 
 
 @triton.jit
@@ -910,25 +950,28 @@ def _row_norm_bwd_kernel(
 
 
 @triton.jit
-def _load_xc_g(X, DY, W, cols, N, mean, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVICT: tl.constexpr):
+def _load_xc_g(X, DY, W, cols, N, mean, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVICT: tl.constexpr,
+               HW: tl.constexpr):
     """xc = x - mean and g = dy * (o + w) of a chunk of one row of N, in fp32;
-    x and dy loaded with the eviction policy EVICT. Lanes past N have g = 0
-    (and xc = -mean), so they add nothing to sums of g or xc * g."""
+    x and dy loaded with the eviction policy EVICT; w as `_affine_index` says
+    (HW). Lanes past N have g = 0 (and xc = -mean), so they add nothing to
+    sums of g or xc * g."""
     mask = cols < N
     x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if HAS_W:
-        g = g * _load_scale(W, cols, N, OFFSET)
+        index, n = _affine_index(cols, N, HW)
+        g = g * _load_scale(W, index, n, OFFSET)
     return x - mean, g
 
 
 @triton.jit
 def _long_row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX,        # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
-    stride_dy, stride_x, stride_ds, stride_dx,
+    stride_dy, stride_x, stride_ds, stride_dx, stride_stats, G,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRESUM: tl.constexpr,
+    PRESUM: tl.constexpr, HW: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -958,6 +1001,8 @@ def _long_row_norm_bwd_kernel(
     (LONG_PRESUM, or 1, which removes the pre-sum: see the constant); a
     power of two up to BLOCK_N, in registers when a thread holds that many
     (LONG_ELEMENTS_PER_THREAD).
+    HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`
+    (its frozen backward: the per-channel sums of dw and db are not formed).
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -965,10 +1010,12 @@ def _long_row_norm_bwd_kernel(
     DX += row * stride_dx
     if HAS_DS:
         DS += row * stride_ds
-    rstd = tl.load(Rstd + row)
+    if HW > 0 and HAS_W:   # GroupNorm: the row's group's channels of w
+        W += (row % G) * (N // HW)
+    rstd = tl.load(Rstd + row * stride_stats)
     mean = 0.0
     if CENTER:
-        mean = tl.load(Mean + row)
+        mean = tl.load(Mean + row * stride_stats)
     lanes = tl.arange(0, BLOCK_N)
     # Pass 1: c1 = mean(xhat * g) and, for CENTER, c2 = mean(g), from per-lane
     # sums of xc * g and g. A chunk is viewed as [BLOCK_N / PRESUM, PRESUM],
@@ -980,7 +1027,7 @@ def _long_row_norm_bwd_kernel(
     if CENTER:
         sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
-        xc, g = _load_xc_g(X, DY, W, start + sum_lanes, N, mean, OFFSET, HAS_W, "evict_last")
+        xc, g = _load_xc_g(X, DY, W, start + sum_lanes, N, mean, OFFSET, HAS_W, "evict_last", HW)
         sum_xc_g += tl.sum(xc * g, axis=1)
         if CENTER:
             sum_g += tl.sum(g, axis=1)
@@ -992,11 +1039,13 @@ def _long_row_norm_bwd_kernel(
     # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * xc + k0.
     k1 = -rstd * rstd * c1
     k0 = -rstd * c2
+    if HW > 0:
+        lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
     for k in range(0, N, BLOCK_N):
         cols = (last - k) + lanes
         mask = cols < N
-        xc, g = _load_xc_g(X, DY, W, cols, N, mean, OFFSET, HAS_W, "evict_first")
+        xc, g = _load_xc_g(X, DY, W, cols, N, mean, OFFSET, HAS_W, "evict_first", HW)
         dx = g * rstd + (xc * k1 + k0)
         if HAS_DS:
             dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -1076,8 +1125,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if t.one_pass:
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows, **meta)
     else:
-        _long_row_norm_fwd_kernel[(M,)](*args, *strides, float(eps), N=N,
-                                        PRESUM=_long_forward_presum(N, 2 if center else 1), **meta)
+        _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
+                                        PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, **meta)
     return y, s, mean, rstd
 
 
@@ -1141,9 +1190,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # sums dw/db by columns.
         if compute_dx:
             _long_row_norm_bwd_kernel[(M,)](
-                dy, x, weight, mean, rstd, ds, dx, *strides, N=N, OFFSET=float(offset), **flags,
+                dy, x, weight, mean, rstd, ds, dx, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n,
-                PRESUM=LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1,
+                PRESUM=LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1, HW=0,
                 num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x,
@@ -1442,9 +1491,16 @@ class LayerNorm(torch.nn.LayerNorm):
 # w[c] * dy * xhat and w[c] * dy per lane and reduces once per row, with no
 # per-channel reduction, no scratch and no second launch.
 #
-# Long rows and few rows. A row can hold millions of elements, so the kernels
-# loop over [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the
-# update, backwards for L2 hits). When B * G is smaller than the SM count, each
+# Long rows. A row is contiguous, so past ROW_BLOCK_MAX elements the forward
+# and the frozen backward are LayerNorm's long-row kernels with one delta:
+# w and b are per channel, not per column (their HW argument,
+# `_affine_index`). Their pass 1 sums per group of a thread's elements, with
+# no barrier in the loop (GroupNorm's own forward reduces every tile); the
+# per-channel sums of a trained w or b still need GroupNorm's own backward.
+#
+# Few rows, short rows, trained w or b. GroupNorm's own kernels loop over
+# [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the update,
+# backwards for L2 hits). When B * G is smaller than the SM count, each
 # row is split over S programs by channels, and the two passes become two
 # launches: the first leaves per-split partial statistics in spare columns of
 # the saved statistics tensor, the second merges them. The statistics tensor is
@@ -1697,15 +1753,45 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
     return _GroupTiling(splits, per_split, block_c, block_hw, num_warps, stages)
 
 
+def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> Optional[_RowTiling]:
+    """The long-row kernels' plan for GroupNorm's B * G rows of Cg * HW
+    elements, or None where GroupNorm's own kernels take them: rows that fit
+    a tile, fewer than GROUP_LONG_ROWS_PER_SM per SM, or HW no multiple of
+    GROUP_LONG_MIN_RUN."""
+    L = C // G * HW
+    if (L <= ROW_BLOCK_MAX or B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device)
+            or math.gcd(HW, LONG_PRESUM) < GROUP_LONG_MIN_RUN):
+        return None
+    return _row_tiling(B * G, L)
+
+
+def _group_long_row_args(x3, num_groups, stats):
+    """What the long-row kernels take for GroupNorm's rows, beyond the tensors:
+    the row stride, the statistics' stride and G; then N, PRESUM and HW."""
+    B, C, HW = x3.shape
+    L = C // num_groups * HW
+    # PRESUM divides HW, so that a group's elements share a channel (`_affine_index`).
+    return (L, stats.stride(0), num_groups), dict(N=L, PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW)
+
+
 def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     """Low-level forward: returns (y, stats); stats is (B * G, 2 + 2 S) fp32 [mean, rstd, scratch]."""
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
-    x3 = x.contiguous()   # the kernels index it as (B, C, HW)
+    x3 = x.contiguous().view(B, C, HW)   # the kernels index it as (B, C, HW)
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x), x.device)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
     if x3.numel() == 0:
+        return y, stats
+    long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
+    if long_rows is not None:
+        (L, stride_stats, G), meta = _group_long_row_args(x3, num_groups, stats)
+        _long_row_norm_fwd_kernel[(B * num_groups,)](
+            x3, None, None, y, _vector(weight), _vector(bias), stats[:, 0], stats[:, 1],
+            L, 0, 0, L, stride_stats, G, float(eps), OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False,
+            HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=long_rows.block_n,
+            num_warps=long_rows.num_warps, **meta)
         return y, stats
     launch = functools.partial(
         _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
@@ -1730,7 +1816,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     """
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
-    x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
+    x3, dy3 = x.contiguous().view(B, C, HW), dy.contiguous()   # the kernels index them as (B, C, HW)
     compute_dw = compute_dw and weight is not None
     bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if compute_dx else None
@@ -1738,6 +1824,16 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
+    long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
+    if long_rows is not None and not (compute_dw or compute_db):
+        # w and b frozen: the row sums only, so the long-row kernel's per-group
+        # sums serve; the per-channel sums of dw and db need GroupNorm's kernel.
+        (L, stride_stats, G), meta = _group_long_row_args(x3, num_groups, stats)
+        _long_row_norm_bwd_kernel[(B * num_groups,)](
+            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, L, L, 0, L, stride_stats, G,
+            OFFSET=0.0, CENTER=True, HAS_W=weight is not None, HAS_DS=False, BLOCK_N=long_rows.block_n,
+            num_warps=long_rows.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
+        return dx, None, None
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
                       GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
     splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor

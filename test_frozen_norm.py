@@ -8,6 +8,7 @@ Tests marked `gpu` need a CUDA device and are skipped, with that reason, without
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -517,15 +518,76 @@ def test_layer_norm_outliers(row_block_max, presum, monkeypatch):
     assert rel_error(check, ref) < 1e-4
 
 
-def test_group_norm_large_mean():
-    """GroupNorm's statistics (per tile, merged with Chan's formula) on a large
-    mean over a small spread, in one program per group and split over programs
-    (B * G = 2)."""
-    x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0)
+def _group_long_rows_from(n, monkeypatch):
+    """GroupNorm rows longer than n take the long-row kernels, however few."""
+    _long_rows_from(n, monkeypatch)
+    monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 0)
+
+
+def _takes_long_rows(shape, groups):
+    B, C = shape[:2]
+    return fn._group_long_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
+
+
+@pytest.mark.parametrize("long_rows", [False, True], ids=["group-kernels", "long-rows"])
+def test_group_norm_large_mean(long_rows, monkeypatch):
+    """GroupNorm's statistics on a large mean over a small spread: per tile,
+    merged with Chan's formula, in one program per group and split over
+    programs (B * G = 2); or through the long-row kernels' per-group shifts."""
+    if long_rows:
+        _group_long_rows_from(64, monkeypatch)
+    assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
+    x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0).requires_grad_()
     w, b = randn(4, shift=1.0), randn(4)
     check = fn.group_norm(x, 2, w, b)
-    ref = fn.group_norm_reference(x.double().cpu(), 2, w.double().cpu(), b.double().cpu())
+    ref = fn.group_norm_reference(x.detach().double().cpu(), 2, w.double().cpu(), b.double().cpu())
     assert rel_error(check, ref) < 1e-3
+
+
+# GroupNorm through the long-row kernels: HW = 64 (w loaded once per 8
+# elements), 36 (per 4), and a row of one channel.
+GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2)]
+
+
+def _group_long_cases():
+    for (shape, groups), dtype in itertools.product(GROUP_LONG_SHAPES, DTYPES):
+        patterns = list(freeze_patterns(OPS["gn"]))
+        if (shape, groups) != GROUP_LONG_SHAPES[0] or dtype != torch.float32:   # the others: all frozen, all trained
+            patterns = [(ALL_FROZEN["gn"], {"x": True}), (ALL_TRAIN["gn"], {"x": True})]
+        for params, inputs in patterns:
+            yield pytest.param(shape, groups, dtype, params, inputs,
+                               id=f"{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{pattern_id(params, inputs)}")
+
+
+@pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_long_cases()))
+def test_group_norm_long_rows(shape, groups, dtype, params, inputs, monkeypatch):
+    """GroupNorm's forward and frozen backward through the long-row kernels
+    (per-channel w and b), and its trained backward beside them."""
+    _group_long_rows_from(64, monkeypatch)
+    assert _takes_long_rows(shape, groups)
+    check_op(OPS["gn"], shape, dtype, params, inputs, groups)
+
+
+def test_group_norm_long_rows_plan():
+    """Which GroupNorm rows take the long-row kernels: long ones, at least
+    GROUP_LONG_ROWS_PER_SM per SM, of a multiple of GROUP_LONG_MIN_RUN positions per channel."""
+    device = torch.device(DEVICE)
+    rows = math.ceil(fn.GROUP_LONG_ROWS_PER_SM * fn._num_sms(device))
+    hw = fn.ROW_BLOCK_MAX   # two channels per group: rows of 2 * ROW_BLOCK_MAX elements
+    plan = lambda B, HW: fn._group_long_rows(B, 2, HW, 1, device)   # noqa: E731  (B rows of 2 * HW)
+    assert plan(rows, hw) is not None
+    assert plan(rows, hw // 2) is None       # rows of ROW_BLOCK_MAX fit a tile
+    assert plan(rows - 1, hw) is None        # too few rows (rows > 1 on any GPU and in the interpreter)
+    assert plan(rows, hw + 2) is None        # HW % 4 = 2
+    assert plan(rows, hw + 4) is not None
+
+
+def test_group_norm_long_rows_frozen_allocates_only_dx(monkeypatch):
+    _group_long_rows_from(64, monkeypatch)
+    assert _takes_long_rows((3, 6, 8, 8), 3)
+    monkeypatch.setattr(fn, "_group_norm_bwd_kernel", None)   # GroupNorm's own backward would fail
+    rec, grad_bytes = backward_allocations(OPS["gn"], (3, 6, 8, 8), 3, ALL_FROZEN["gn"], {"x": True})
+    assert rec.allocated_bytes == grad_bytes, rec.allocations
 
 
 # ----------------------------------------------------------------------------
