@@ -34,10 +34,10 @@ Contents (the section banners below)
  1. Notation
  2. Tuning constants, launch helpers and input checks
  3. Shared Triton helpers: tile addressing, statistics merge, partial sums
- 4. RMSNorm            (introduces the row kernels shared by 5 and 6)
+ 4. RMSNorm            (introduces the row kernels shared by 5, 6 and 7)
  5. FusedAddRMSNorm    (delta: the residual add, a second output)
  6. LayerNorm          (delta: centring and a bias)
- 7. GroupNorm          (own kernels: statistics per group of channels)
+ 7. GroupNorm          (long rows: the long-row kernels, w per channel; else own kernels)
  8. PolyNorm           (own kernels: three statistics per row)
  9. Swapping modules in place: replace_norms
 10. Seeing the dead code go: compiling for a GPU without one
@@ -614,8 +614,9 @@ def _reduce_partials(*pairs) -> None:
 # group of a thread's elements: PRESUM) and reduces across the program once at
 # the end, so its loop has no barrier.
 #
-# The same kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS) and
-# LayerNorm (CENTER, HAS_B); sections 5 and 6 explain those deltas.
+# The same kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS),
+# LayerNorm (CENTER, HAS_B) and GroupNorm's long rows (HW: w and b per
+# channel); sections 5, 6 and 7 explain those deltas.
 
 
 def rms_norm_reference(x, normalized_shape, weight=None, eps=None, offset=0.0):
