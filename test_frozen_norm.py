@@ -568,6 +568,14 @@ def test_group_norm_long_rows(shape, groups, dtype, params, inputs, monkeypatch)
     check_op(OPS["gn"], shape, dtype, params, inputs, groups)
 
 
+@pytest.mark.parametrize("params", [ALL_FROZEN["gn"], ALL_TRAIN["gn"]], ids=["frozen", "train"])
+def test_group_norm_long_rows_mixed_dtypes(params, monkeypatch):
+    """bf16 x with fp32 w and b through the long-row kernels."""
+    _group_long_rows_from(64, monkeypatch)
+    shape, groups = GROUP_LONG_SHAPES[0]
+    check_op(OPS["gn"], shape, torch.bfloat16, params, {"x": True}, groups, param_dtype=torch.float32)
+
+
 def test_group_norm_long_rows_plan():
     """Which GroupNorm rows take the long-row kernels: long ones, at least
     GROUP_LONG_ROWS_PER_SM per SM, of a multiple of GROUP_LONG_MIN_RUN positions per channel."""
