@@ -1766,10 +1766,9 @@ def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> O
     return _row_tiling(B * G, L)
 
 
-def _group_long_row_args(x3, num_groups, stats):
+def _group_long_row_args(C, HW, num_groups, stats):
     """What the long-row kernels take for GroupNorm's rows, beyond the tensors:
     the row stride, the statistics' stride and G; then N, PRESUM and HW."""
-    B, C, HW = x3.shape
     L = C // num_groups * HW
     # PRESUM divides HW, so that a group's elements share a channel (`_affine_index`).
     return (L, stats.stride(0), num_groups), dict(N=L, PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW)
@@ -1779,7 +1778,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     """Low-level forward: returns (y, stats); stats is (B * G, 2 + 2 S) fp32 [mean, rstd, scratch]."""
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
-    x3 = x.contiguous().view(B, C, HW)   # the kernels index it as (B, C, HW)
+    x3 = x.contiguous()   # the kernels index it as (B, C, HW)
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x), x.device)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
@@ -1787,7 +1786,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
         return y, stats
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None:
-        (L, stride_stats, G), meta = _group_long_row_args(x3, num_groups, stats)
+        (L, stride_stats, G), meta = _group_long_row_args(C, HW, num_groups, stats)
         _long_row_norm_fwd_kernel[(B * num_groups,)](
             x3, None, None, y, _vector(weight), _vector(bias), stats[:, 0], stats[:, 1],
             L, 0, 0, L, stride_stats, G, float(eps), OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False,
@@ -1817,7 +1816,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     """
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
-    x3, dy3 = x.contiguous().view(B, C, HW), dy.contiguous()   # the kernels index them as (B, C, HW)
+    x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
     compute_dw = compute_dw and weight is not None
     bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if compute_dx else None
@@ -1829,7 +1828,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     if long_rows is not None and not (compute_dw or compute_db):
         # w and b frozen: the row sums only, so the long-row kernel's per-group
         # sums serve; the per-channel sums of dw and db need GroupNorm's kernel.
-        (L, stride_stats, G), meta = _group_long_row_args(x3, num_groups, stats)
+        (L, stride_stats, G), meta = _group_long_row_args(C, HW, num_groups, stats)
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, L, L, 0, L, stride_stats, G,
             OFFSET=0.0, CENTER=True, HAS_W=weight is not None, HAS_DS=False, BLOCK_N=long_rows.block_n,
