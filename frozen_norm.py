@@ -156,7 +156,8 @@ LONG_BWD_MAX_REGISTERS = 64
 # at 65536, 32 registers instead of 56 (LayerNorm) or 52 (PolyNorm) make two
 # 32-warp programs per SM instead of one. Shorter rows measured slower
 # pre-summed (20480), and so did RMSNorm's and FusedAdd's one sum (NOTES.md,
-# section 6).
+# section 6). GroupNorm's long rows always pre-sum, by gcd(HW, LONG_PRESUM):
+# a group then shares one channel's w and b (`_affine_index`).
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
@@ -1766,12 +1767,12 @@ def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> O
     return _row_tiling(B * G, L)
 
 
-def _group_long_row_args(C, HW, num_groups, stats):
-    """What the long-row kernels take for GroupNorm's rows, beyond the tensors:
-    the row stride, the statistics' stride and G; then N, PRESUM and HW."""
-    L = C // num_groups * HW
-    # PRESUM divides HW, so that a group's elements share a channel (`_affine_index`).
-    return (L, stats.stride(0), num_groups), dict(N=L, PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW)
+def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict:
+    """The compile-time arguments both long-row kernels take for GroupNorm's
+    rows of N = Cg * HW (plan `t`). PRESUM divides HW, so that a group's
+    elements share a channel (`_affine_index`)."""
+    return dict(N=C // G * HW, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
+                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, num_warps=t.num_warps)
 
 
 def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -1786,12 +1787,12 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
         return y, stats
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None:
-        (L, stride_stats, G), meta = _group_long_row_args(C, HW, num_groups, stats)
-        _long_row_norm_fwd_kernel[(B * num_groups,)](
+        meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
+        L = meta["N"]
+        _long_row_norm_fwd_kernel[(B * num_groups,)](   # mean and rstd: columns 0 and 1 of stats
             x3, None, None, y, _vector(weight), _vector(bias), stats[:, 0], stats[:, 1],
-            L, 0, 0, L, stride_stats, G, float(eps), OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False,
-            HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_N=long_rows.block_n,
-            num_warps=long_rows.num_warps, **meta)
+            L, 0, 0, L, stats.stride(0), num_groups, float(eps), HAS_RESIDUAL=False, HAS_B=bias is not None,
+            **meta)
         return y, stats
     launch = functools.partial(
         _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
@@ -1828,11 +1829,11 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     if long_rows is not None and not (compute_dw or compute_db):
         # w and b frozen: the row sums only, so the long-row kernel's per-group
         # sums serve; the per-channel sums of dw and db need GroupNorm's kernel.
-        (L, stride_stats, G), meta = _group_long_row_args(C, HW, num_groups, stats)
+        meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
+        L = meta["N"]
         _long_row_norm_bwd_kernel[(B * num_groups,)](
-            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, L, L, 0, L, stride_stats, G,
-            OFFSET=0.0, CENTER=True, HAS_W=weight is not None, HAS_DS=False, BLOCK_N=long_rows.block_n,
-            num_warps=long_rows.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
+            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, L, L, 0, L, stats.stride(0), num_groups,
+            HAS_DS=False, maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
         return dx, None, None
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
                       GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
