@@ -745,7 +745,7 @@ def test_rms_norm_single_element_rows():
 def _layouts():
     for name, layout in itertools.product(OPS, ["transposed", "sliced", "expanded_dy"]):
         yield pytest.param(name, layout, 8192, id=f"{name}-{layout}")
-        if name != "gn":   # the long-row kernels (PolyNorm: its chunk loops)
+        if name != "gn":   # the long-row kernels (PolyNorm: its chunk loops); GroupNorm copies x first
             yield pytest.param(name, layout, 64, id=f"{name}-{layout}-long-rows")
 
 
