@@ -247,7 +247,7 @@ GROUP_PROGRAMS_PER_SM = 2
 GROUP_SUM_CHANNELS = 16
 # GroupNorm rows longer than ROW_BLOCK_MAX take the long-row kernels (one
 # program per row, per-group sums without a barrier in the loop) for the
-# forward and the frozen backward when there are at least
+# forward and the backward (one with dx) when there are at least
 # GROUP_LONG_ROWS_PER_SM rows per SM (fewer are split over programs by
 # GroupNorm's own kernels) and a channel's HW positions are a multiple of
 # GROUP_LONG_MIN_RUN (w and b are loaded once per run of that many elements
@@ -255,6 +255,13 @@ GROUP_SUM_CHANNELS = 16
 # kernels). Both from a sweep of 12 shapes (NOTES.md, section 6).
 GROUP_LONG_ROWS_PER_SM = 0.5
 GROUP_LONG_MIN_RUN = 4
+# With w or b trained, that long-row backward's pass 1 forms per-channel sums
+# (`_group_channel_sums`) over tiles of a block of channels and 1 /
+# GROUP_SUM_TILES of their HW positions each, reduced once per block. From a
+# sweep of the channels per tile at 10 shapes: the best at 5, within 2 to 9
+# points of it at the others; tiles spanning a whole channel (a reduction per
+# chunk) measured 10 to 21 points slower (NOTES.md, section 6).
+GROUP_SUM_TILES = 4
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -968,12 +975,61 @@ def _load_xc_g(X, DY, W, cols, N, mean, OFFSET: tl.constexpr, HAS_W: tl.constexp
 
 
 @triton.jit
+def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
+                        HAS_W: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+                        BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
+    """Pass 1 of a GroupNorm backward whose w or b trains (section 7): for
+    each of n_c channels c, A[c] = rstd * sum_hw dy * (x - mean) and D[c] =
+    sum_hw dy, stored to DWp[out + c] and DBp[out + c] (COMPUTE_DW,
+    COMPUTE_DB). Returns the row sums they give, sum(xhat * g) = sum_c w[c] *
+    A[c] and sum(g) = sum_c w[c] * D[c] (w = 1 without HAS_W).
+
+    X, DY point at the first channel's first element, the n_c channels of HW
+    positions contiguous from there; channel c's w is W[c_first + c]. Tiles
+    are [BLOCK_C, BLOCK_HW], accumulated per lane over a block of channels'
+    HW positions (a STAGES-deep pipeline; loads with eviction policy EVICT)
+    and reduced once per block: a reduction per tile is slower (and Triton
+    3.6 fails to compile it here). Used by GroupNorm's own backward (a
+    split's channels) and by `_long_row_norm_bwd_kernel` (a row's).
+    """
+    sum_xhat_g = tl.full([], 0.0, tl.float32)
+    sum_g = sum_xhat_g
+    for c0 in range(0, n_c, BLOCK_C):
+        c = c0 + tl.arange(0, BLOCK_C)
+        A_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+        D_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+        for h0 in tl.range(0, HW, BLOCK_HW, num_stages=STAGES):
+            offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), n_c, HW, HW)
+            x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+            A_tile += dy * (x - mean)   # dy = 0 where masked
+            D_tile += dy
+        A = tl.sum(A_tile, axis=1) * rstd
+        D = tl.sum(D_tile, axis=1)
+        if HAS_W:
+            w = _load_vector(W, c_first + c, c_first + n_c)
+            A_w = A * w
+            D_w = D * w
+        else:
+            A_w = A
+            D_w = D
+        sum_xhat_g += tl.sum(A_w, axis=0)
+        sum_g += tl.sum(D_w, axis=0)
+        if COMPUTE_DW:
+            tl.store(DWp + out + c, A, mask=c < n_c)
+        if COMPUTE_DB:
+            tl.store(DBp + out + c, D, mask=c < n_c)
+    return sum_xhat_g, sum_g
+
+
+@triton.jit
 def _long_row_norm_bwd_kernel(
-    DY, X, W, Mean, Rstd, DS, DX,        # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
+    DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
     stride_dy, stride_x, stride_ds, stride_dx, stride_stats, G,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRESUM: tl.constexpr, HW: tl.constexpr,
+    PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -982,7 +1038,8 @@ def _long_row_norm_bwd_kernel(
     on the forward: one row per program, pass 1 accumulates xc * g (and g, for
     CENTER) per lane and reduces to c1 (and c2) once at the end; pass 2 reads x
     and dy again, last chunk first and mostly from L2, and writes dx. There is
-    no dw/db accumulator: one N wide would not fit in registers.
+    no dw/db accumulator for the row norms: one N wide would not fit in
+    registers. (GroupNorm's dw and db are per channel, sums within a row.)
 
     rstd is a row constant, so it is taken out of both passes: c1 = rstd *
     mean(xc * g), and dx = rstd * g + k1 * xc + k0 with the row constants
@@ -993,7 +1050,8 @@ def _long_row_norm_bwd_kernel(
     points faster (NOTES.md, sections 2 and 6).
 
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
-    thread. Pointers and dtypes as `_row_norm_bwd_kernel` (no DWp, DBp).
+    thread. Pointers and dtypes as `_row_norm_bwd_kernel`, but DWp and DBp
+    (GroupNorm's only, below).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
     the offset o, as in every row kernel (`_load_scale`): here a runtime o
     measured up to 15% slower on an H200 (NOTES.md, section 6).
@@ -1003,8 +1061,11 @@ def _long_row_norm_bwd_kernel(
     (LONG_PRESUM, or 1, which removes the pre-sum: see the constant); a
     power of two up to BLOCK_N, in registers when a thread holds that many
     (LONG_ELEMENTS_PER_THREAD).
-    HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`
-    (its frozen backward: the per-channel sums of dw and db are not formed).
+    HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`.
+    COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
+    which removes the code). With either, pass 1 goes by channels instead of
+    per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_N / BLOCK_C] tiles,
+    storing A[c], D[c] into row (sample) of the (B, C) fp32 DWp, DBp.
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -1025,18 +1086,27 @@ def _long_row_norm_bwd_kernel(
     # (no shuffle, no barrier) before its lane sum: one float per thread and
     # sum instead of PRESUM.
     sum_lanes = _lane_groups(BLOCK_N, PRESUM)
-    sum_xc_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
-    if CENTER:
-        sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        xc, g = _load_xc_g(X, DY, W, start + sum_lanes, N, mean, OFFSET, HAS_W, "evict_last", HW)
-        sum_xc_g += tl.sum(xc * g, axis=1)
+    if COMPUTE_DW or COMPUTE_DB:
+        # GroupNorm with w or b trained: the row's channels, one reduction per
+        # block of them; row * Cg = sample * C + the group's first channel.
+        sum_xhat_g, sum_g = _group_channel_sums(
+            X, DY, W, DWp, DBp, 0, row * (N // HW), N // HW, HW, mean, rstd, HAS_W, COMPUTE_DW, COMPUTE_DB,
+            BLOCK_C, BLOCK_N // BLOCK_C, 1, "evict_last")
+        c1 = sum_xhat_g / N
+        c2 = sum_g / N
+    else:
+        sum_xc_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
         if CENTER:
-            sum_g += tl.sum(g, axis=1)
-    c1 = tl.sum(sum_xc_g, axis=0) * rstd / N
-    c2 = 0.0
-    if CENTER:
-        c2 = tl.sum(sum_g, axis=0) / N
+            sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            xc, g = _load_xc_g(X, DY, W, start + sum_lanes, N, mean, OFFSET, HAS_W, "evict_last", HW)
+            sum_xc_g += tl.sum(xc * g, axis=1)
+            if CENTER:
+                sum_g += tl.sum(g, axis=1)
+        c1 = tl.sum(sum_xc_g, axis=0) * rstd / N
+        c2 = 0.0
+        if CENTER:
+            c2 = tl.sum(sum_g, axis=0) / N
     # Pass 2, last chunk first (the one most likely still in L2): dx =
     # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * xc + k0.
     k1 = -rstd * rstd * c1
@@ -1192,10 +1262,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # sums dw/db by columns.
         if compute_dx:
             _long_row_norm_bwd_kernel[(M,)](
-                dy, x, weight, mean, rstd, ds, dx, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
+                dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n,
                 PRESUM=LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1, HW=0,
-                num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
+                COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1, num_warps=t.num_warps,
+                maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x,
                                                      compute_dw, compute_db)
@@ -1494,20 +1565,22 @@ class LayerNorm(torch.nn.LayerNorm):
 # per-channel reduction, no scratch and no second launch.
 #
 # Long rows. A row is contiguous, so past ROW_BLOCK_MAX elements the forward
-# and the frozen backward are LayerNorm's long-row kernels with one delta:
-# w and b are per channel, not per column (their HW argument,
-# `_affine_index`). Their pass 1 sums per group of a thread's elements, with
-# no barrier in the loop (GroupNorm's own forward reduces every tile); the
-# per-channel sums of a trained w or b still need GroupNorm's own backward.
+# and the backward are LayerNorm's long-row kernels with one delta: w and b
+# are per channel, not per column (their HW argument, `_affine_index`).
+# Their pass 1 sums per group of a thread's elements, with no barrier in the
+# loop (GroupNorm's own forward reduces every tile). With w or b trained the
+# backward's pass 1 forms A and D instead, by blocks of channels
+# (`_group_channel_sums`, shared with GroupNorm's own backward).
 #
-# Few rows, short rows, trained w or b. GroupNorm's own kernels loop over
-# [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the update,
-# backwards for L2 hits). When B * G is smaller than the SM count, each
-# row is split over S programs by channels, and the two passes become two
-# launches: the first leaves per-split partial statistics in spare columns of
-# the saved statistics tensor, the second merges them. The statistics tensor is
-# (B * G, 2 + 2 S) fp32: mean, rstd, then two floats per split. It is allocated
-# by the forward, so the split backward, too, allocates nothing but dx.
+# Few rows, short rows, and a backward without dx (the long-row kernel's
+# pass 2 is dx). GroupNorm's own kernels loop over [BLOCK_C, BLOCK_HW] tiles
+# in two passes (statistics, then the update, backwards for L2 hits). When
+# B * G is smaller than the SM count, each row is split over S programs by
+# channels, and the two passes become two launches: the first leaves
+# per-split partial statistics in spare columns of the saved statistics
+# tensor, the second merges them. The statistics tensor is (B * G, 2 + 2 S)
+# fp32: mean, rstd, then two floats per split. It is allocated by the
+# forward, so the split backward, too, allocates nothing but dx.
 
 
 def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -1678,36 +1751,10 @@ def _group_norm_bwd_kernel(
         sum_xhat_g = tl.sum(tl.sum(acc_xc_g, axis=1), axis=0) * rstd
         sum_g = tl.sum(tl.sum(acc_g, axis=1), axis=0)
     elif DO_SUMS:
-        sum_xhat_g = tl.full([], 0.0, tl.float32)
-        sum_g = sum_xhat_g
-        for c0 in range(c_lo, c_hi, BLOCK_C):
-            c = c0 + tl.arange(0, BLOCK_C)
-            # Accumulate whole tiles and reduce once after the loop: cheaper than a
-            # reduction per tile (and Triton 3.6 fails to compile the latter here).
-            A_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-            D_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-            for h0 in tl.range(0, HW, BLOCK_HW, num_stages=STAGES):
-                offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), c_hi, HW, HW)
-                x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + base + offs, mask=mask, other=0.0).to(tl.float32)
-                A_tile += dy * (x - mean)   # dy = 0 where masked
-                D_tile += dy
-            A = tl.sum(A_tile, axis=1) * rstd
-            D = tl.sum(D_tile, axis=1)
-            if HAS_W:
-                w = _load_vector(W, c, c_hi)
-                A_w = A * w
-                D_w = D * w
-            else:
-                A_w = A
-                D_w = D
-            sum_xhat_g += tl.sum(A_w, axis=0)
-            sum_g += tl.sum(D_w, axis=0)
-            sample_c = (row // (C // Cg)).to(tl.int64) * C + c
-            if COMPUTE_DW:
-                tl.store(DWp + sample_c, A, mask=c < c_hi)
-            if COMPUTE_DB:
-                tl.store(DBp + sample_c, D, mask=c < c_hi)
+        first = base + c_lo.to(tl.int64) * HW   # the split's first element
+        sum_xhat_g, sum_g = _group_channel_sums(
+            X + first, DY + first, W, DWp, DBp, c_lo, row.to(tl.int64) * Cg + split * channels_per_split,
+            c_hi - c_lo, HW, mean, rstd, HAS_W, COMPUTE_DW, COMPUTE_DB, BLOCK_C, BLOCK_HW, STAGES, "")
     else:
         sum_xhat_g = tl.load(stats_row + 2)
         sum_g = tl.load(stats_row + 3)
@@ -1765,6 +1812,15 @@ def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> O
             or math.gcd(HW, LONG_PRESUM) < GROUP_LONG_MIN_RUN):
         return None
     return _row_tiling(B * G, L)
+
+
+def _group_long_sum_channels(Cg: int, HW: int, block_n: int) -> int:
+    """BLOCK_C of the long-row backward's per-channel sums (GroupNorm, w or b
+    trained): tiles of block_n elements, [BLOCK_C, block_n / BLOCK_C], that
+    span 1 / GROUP_SUM_TILES of a channel's HW positions (rounded up to a
+    power of two), fewer channels where Cg has fewer."""
+    block_hw = min(block_n, _pow2(_cdiv(HW, GROUP_SUM_TILES)))
+    return min(_pow2(Cg), block_n // block_hw)
 
 
 def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict:
@@ -1825,34 +1881,37 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
-    long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
-    if long_rows is not None and not (compute_dw or compute_db):
-        # w and b frozen: the row sums only, so the long-row kernel's per-group
-        # sums serve; the per-channel sums of dw and db need GroupNorm's kernel.
-        meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
-        L = meta["N"]
-        _long_row_norm_bwd_kernel[(B * num_groups,)](
-            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, L, L, 0, L, stats.stride(0), num_groups,
-            HAS_DS=False, maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
-        return dx, None, None
-    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
-                      GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
-    splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
-    per_split = _cdiv(C // num_groups, splits)
     new_partial = functools.partial(torch.empty, (B, C), dtype=torch.float32, device=x.device)
     dw_partial = new_partial() if compute_dw else None
     db_partial = new_partial() if compute_db else None
-    launch = functools.partial(
-        _group_norm_bwd_kernel[(B * num_groups * splits,)], dy3, x3, _vector(weight), stats, dx,
-        dw_partial, db_partial, C, HW, C // num_groups, per_split, splits, stats.stride(0),
-        HAS_W=weight is not None, COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        BLOCK_C=min(t.block_c, _pow2(per_split)), BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps)
-    if compute_dx and splits == 1:
-        launch(DO_SUMS=True, DO_DX=True)
+    long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
+    if long_rows is not None and compute_dx:
+        # One program per row; its pass 1 sums per group of lanes with w and b
+        # frozen, per channel (A and D) with either trained.
+        meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
+        L = meta["N"]
+        _long_row_norm_bwd_kernel[(B * num_groups,)](
+            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
+            L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            BLOCK_C=_group_long_sum_channels(C // num_groups, HW, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS,
+            **meta)
     else:
-        launch(DO_SUMS=True, DO_DX=False)
-        if compute_dx:
-            launch(DO_SUMS=False, DO_DX=True)
+        t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
+                          GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
+        splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
+        per_split = _cdiv(C // num_groups, splits)
+        launch = functools.partial(
+            _group_norm_bwd_kernel[(B * num_groups * splits,)], dy3, x3, _vector(weight), stats, dx,
+            dw_partial, db_partial, C, HW, C // num_groups, per_split, splits, stats.stride(0),
+            HAS_W=weight is not None, COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            BLOCK_C=min(t.block_c, _pow2(per_split)), BLOCK_HW=t.block_hw, STAGES=t.stages,
+            num_warps=t.num_warps)
+        if compute_dx and splits == 1:
+            launch(DO_SUMS=True, DO_DX=True)
+        else:
+            launch(DO_SUMS=True, DO_DX=False)
+            if compute_dx:
+                launch(DO_SUMS=False, DO_DX=True)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 

@@ -545,8 +545,11 @@ def test_group_norm_large_mean(long_rows, monkeypatch):
 
 
 # GroupNorm through the long-row kernels: HW = 64 (w loaded once per 8
-# elements), 36 (per 4), and a row of one channel.
-GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2)]
+# elements), 36 (per 4), a row of one channel, and 9 channels of HW = 8. With
+# w or b trained, the backward's per-channel sums go in tiles (BLOCK_C x
+# BLOCK_HW) of 2 x 16, 1 x 16 (the last 4 of 16 lanes in a channel), 1 x 16
+# (100 positions in 7 tiles) and 8 x 2 (9 channels: the second block 1 of 8).
+GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2), ((2, 18, 2, 4), 2)]
 
 
 def _group_long_cases():
@@ -561,11 +564,25 @@ def _group_long_cases():
 
 @pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_long_cases()))
 def test_group_norm_long_rows(shape, groups, dtype, params, inputs, monkeypatch):
-    """GroupNorm's forward and frozen backward through the long-row kernels
-    (per-channel w and b), and its trained backward beside them."""
+    """GroupNorm's forward and backward through the long-row kernels
+    (per-channel w and b; with w or b trained, per-channel sums). Where dx is
+    asked, GroupNorm's own backward is stubbed out, so the test fails if it
+    runs; without dx it takes the call (the long-row kernel always writes dx)."""
     _group_long_rows_from(64, monkeypatch)
     assert _takes_long_rows(shape, groups)
+    if inputs["x"]:
+        monkeypatch.setattr(fn, "_group_norm_bwd_kernel", None)
     check_op(OPS["gn"], shape, dtype, params, inputs, groups)
+
+
+def test_group_norm_sum_tiles():
+    """The per-channel sums' tiles span 1 / GROUP_SUM_TILES of a channel (rounded
+    up to a power of two), at most the chunk, at most Cg rounded up channels."""
+    tiles = fn.GROUP_SUM_TILES
+    assert fn._group_long_sum_channels(16, 1024 * tiles, 8192) == 8          # [8, 1024]
+    assert fn._group_long_sum_channels(4, 4096 * tiles, 8192) == 2           # [2, 4096]
+    assert fn._group_long_sum_channels(10, 100 * tiles, 8192) == 16          # [16, 512]: Cg rounded up to 16
+    assert fn._group_long_sum_channels(3, 8192 * tiles, 8192) == 1           # part of a channel per chunk
 
 
 @pytest.mark.parametrize("params", [ALL_FROZEN["gn"], ALL_TRAIN["gn"]], ids=["frozen", "train"])
