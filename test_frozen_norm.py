@@ -607,12 +607,17 @@ def test_group_norm_long_rows_plan():
     assert plan(rows, hw + 4) is not None
 
 
-def test_group_norm_long_rows_frozen_allocates_only_dx(monkeypatch):
+def test_group_norm_long_rows_allocations(monkeypatch):
+    """Through the long-row backward: with w and b frozen nothing but dx; with
+    both trained, dx, dw, db and one (B, C) fp32 scratch for each."""
     _group_long_rows_from(64, monkeypatch)
-    assert _takes_long_rows((3, 6, 8, 8), 3)
+    shape, groups = (3, 6, 8, 8), 3
+    assert _takes_long_rows(shape, groups)
     monkeypatch.setattr(fn, "_group_norm_bwd_kernel", None)   # GroupNorm's own backward would fail
-    rec, grad_bytes = backward_allocations(OPS["gn"], (3, 6, 8, 8), 3, ALL_FROZEN["gn"], {"x": True})
+    rec, grad_bytes = backward_allocations(OPS["gn"], shape, groups, ALL_FROZEN["gn"], {"x": True})
     assert rec.allocated_bytes == grad_bytes, rec.allocations
+    rec, grad_bytes = backward_allocations(OPS["gn"], shape, groups, ALL_TRAIN["gn"], {"x": True})
+    assert rec.allocated_bytes == grad_bytes + 2 * shape[0] * shape[1] * 4, rec.allocations
 
 
 # ----------------------------------------------------------------------------
@@ -663,11 +668,16 @@ def _outputs_and_grads(op, d):
     return list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
 
 
-@pytest.mark.parametrize("name", list(OPS))
-def test_deterministic(name):
-    """The same inputs give bitwise-identical outputs and gradients, run after run."""
-    op = OPS[name]
+@pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows"])
+def test_deterministic(name, monkeypatch):
+    """The same inputs give bitwise-identical outputs and gradients, run after
+    run (GroupNorm also through the long-row kernels, per-channel sums and all)."""
     shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((300, 100), None)
+    if name == "gn-long-rows":
+        name, shape, groups = "gn", (3, 6, 8, 8), 3
+        _group_long_rows_from(64, monkeypatch)
+        assert _takes_long_rows(shape, groups)
+    op = OPS[name]
     torch.manual_seed(1)
     d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
     results = [_outputs_and_grads(op, d) for _ in range(3)]
