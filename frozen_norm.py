@@ -750,7 +750,7 @@ def _long_row_norm_fwd_kernel(
     stride_x, stride_r, stride_s, stride_y, stride_stats, G, eps,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRESUM: tl.constexpr, HW: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRESUM: tl.constexpr, HW: tl.constexpr, APPLY: tl.constexpr, SPLITS: tl.constexpr,
 ):
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
@@ -779,6 +779,11 @@ def _long_row_norm_fwd_kernel(
     and b are per channel (`_affine_index`), from the group's first channel,
     (row % G) * Cg; PRESUM divides HW. Mean and Rstd are then columns of the
     (B * G, 2 + 2S) statistics, of row stride stride_stats (else 1).
+    APPLY False removes pass 2: GroupNorm's split statistics (section 7),
+    where a "row" is one of the SPLITS segments (channel ranges) of a
+    (sample, group) row, and Mean, Rstd point at the first split's two
+    floats in the statistics: segment row stores its mean and m2 (not rstd)
+    to split row % SPLITS of statistics row row // SPLITS. Else SPLITS = 1.
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -834,22 +839,27 @@ def _long_row_norm_fwd_kernel(
     else:
         mean = 0.0
         m2 = tl.sum(m2_v, axis=0)
-    rstd = 1.0 / tl.sqrt(m2 / N + eps)
-    # Pass 2, last chunk first (the one most likely still in L2): y.
-    if HW > 0:
-        lanes = groups   # GroupNorm: w and b per group (`_affine_index`)
-    last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-    for k in range(0, N, BLOCK_N):
-        cols = (last - k) + lanes
-        mask = cols < N
-        src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
-        x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        index, n = _affine_index(cols, N, HW)
-        y = _row_affine((x - mean) * rstd, W, B, index, n, OFFSET, HAS_W, HAS_B)
-        tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(Rstd + row * stride_stats, rstd)
-    if CENTER:
-        tl.store(Mean + row * stride_stats, mean)
+    stats = (row // SPLITS) * stride_stats + 2 * (row % SPLITS)
+    if not APPLY:   # GroupNorm's split statistics: merged by the launch that writes y
+        tl.store(Mean + stats, mean)
+        tl.store(Rstd + stats, m2)
+    else:
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        # Pass 2, last chunk first (the one most likely still in L2): y.
+        if HW > 0:
+            lanes = groups   # GroupNorm: w and b per group (`_affine_index`)
+        last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
+        for k in range(0, N, BLOCK_N):
+            cols = (last - k) + lanes
+            mask = cols < N
+            src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
+            x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            index, n = _affine_index(cols, N, HW)
+            y = _row_affine((x - mean) * rstd, W, B, index, n, OFFSET, HAS_W, HAS_B)
+            tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Rstd + stats, rstd)
+        if CENTER:
+            tl.store(Mean + stats, mean)
 
 
 @triton.jit
@@ -1198,7 +1208,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows, **meta)
     else:
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
-                                        PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, **meta)
+                                        PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
+                                        SPLITS=1, **meta)
     return y, s, mean, rstd
 
 
@@ -1578,9 +1589,12 @@ class LayerNorm(torch.nn.LayerNorm):
 # B * G is smaller than the SM count, each row is split over S programs by
 # channels, and the two passes become two launches: the first leaves
 # per-split partial statistics in spare columns of the saved statistics
-# tensor, the second merges them. The statistics tensor is (B * G, 2 + 2 S)
-# fp32: mean, rstd, then two floats per split. It is allocated by the
-# forward, so the split backward, too, allocates nothing but dx.
+# tensor, the second merges them. In the forward, equal splits longer than
+# ROW_BLOCK_MAX (each a contiguous segment) take their statistics from the
+# long-row forward's pass 1 instead, one program per segment. The
+# statistics tensor is (B * G, 2 + 2 S) fp32: mean, rstd, then two floats per
+# split. It is allocated by the forward, so the split backward, too,
+# allocates nothing but dx.
 
 
 def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -1653,6 +1667,9 @@ def _group_norm_fwd_kernel(
     Launch modes (S = 1: one launch with both flags; S > 1: two launches):
       DO_STATS and DO_APPLY  pass 1 (moments of the row), pass 2 (y), backwards.
       DO_STATS only          write this split's (mean, m2) to Stats; no y.
+                             (`group_norm_forward` launches the long-row
+                             forward with APPLY off instead where the
+                             splits are equal and long.)
       DO_APPLY only          merge the S partial moments, then pass 2; programs
                              run in reverse order, to re-read from L2 what the
                              stats launch read last.
@@ -1720,8 +1737,8 @@ def _group_norm_bwd_kernel(
 
     Launch modes (S = 1: one launch; S > 1, or no dx wanted: two or one):
       DO_SUMS   pass 1: sum(xhat * g) and sum(g), from A and D per channel
-                when dw or db is computed, else per lane; with DO_DX off (a
-                split) these two go to Stats.
+                (`_group_channel_sums`) when dw or db is computed, else per
+                lane; with DO_DX off (a split) these two go to Stats.
       DO_DX     pass 2 (backwards): dx; without DO_SUMS, first merge the S
                 splits' sums from Stats (programs in reverse order, for L2).
     Flags (each False removes code):
@@ -1848,15 +1865,27 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
         _long_row_norm_fwd_kernel[(B * num_groups,)](   # mean and rstd: columns 0 and 1 of stats
             x3, None, None, y, _vector(weight), _vector(bias), stats[:, 0], stats[:, 1],
             L, 0, 0, L, stats.stride(0), num_groups, float(eps), HAS_RESIDUAL=False, HAS_B=bias is not None,
-            **meta)
+            APPLY=True, SPLITS=1, **meta)
         return y, stats
     launch = functools.partial(
         _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
         C, HW, C // num_groups, t.channels_per_split, t.splits, stats.stride(0), float(eps),
         HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw,
         STAGES=t.stages, num_warps=t.num_warps)
+    segment = t.channels_per_split * HW   # a split's elements, contiguous
     if t.splits == 1:
         launch(DO_STATS=True, DO_APPLY=True)
+    elif (C // num_groups) % t.channels_per_split == 0 and segment > ROW_BLOCK_MAX:
+        # Equal splits of long segments: their statistics by the long-row
+        # forward's pass 1 (APPLY=False), one program per segment; the merge
+        # and y by GroupNorm's kernel.
+        seg = _row_tiling(B * num_groups * t.splits, segment)
+        _long_row_norm_fwd_kernel[(B * num_groups * t.splits,)](
+            x3, None, None, y, None, None, stats[:, 2], stats[:, 3], segment, 0, 0, 0, stats.stride(0), 1,
+            float(eps), N=segment, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
+            BLOCK_N=seg.block_n, PRESUM=_long_forward_presum(segment, 2), HW=0, APPLY=False, SPLITS=t.splits,
+            num_warps=seg.num_warps)
+        launch(DO_STATS=False, DO_APPLY=True)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
         launch(DO_STATS=False, DO_APPLY=True)

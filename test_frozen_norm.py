@@ -607,6 +607,51 @@ def test_group_norm_long_rows_plan():
     assert plan(rows, hw + 4) is not None
 
 
+def test_group_norm_split_statistics_plan():
+    """With fewer (sample, group) rows than SMs, each row is split over
+    programs by channels. Equal splits of more than ROW_BLOCK_MAX elements take
+    their statistics from the long-row forward's pass 1 (APPLY off), the rest
+    from GroupNorm's own kernel; GroupNorm's kernel then merges and writes y
+    (real limits, H200's SM count, meta tensors)."""
+    from bench_frozen_norm import recording
+
+    def launches(C, HW):
+        x = torch.empty(1, C, HW, device="meta", dtype=torch.bfloat16)
+        with recording() as rec:
+            fn.group_norm_forward(x, 32, x[0, :, 0], x[0, :, 0])
+        return [(lc.name, lc.constexprs.get("APPLY"), lc.constexprs.get("SPLITS"), lc.constexprs.get("DO_STATS"))
+                for lc in rec.launches]
+    assert launches(512, 256 * 256) == [("_long_row_norm_fwd_kernel", False, 8, None),
+                                        ("_group_norm_fwd_kernel", None, None, False)]
+    own = [("_group_norm_fwd_kernel", None, None, True), ("_group_norm_fwd_kernel", None, None, False)]
+    assert launches(416, 256 * 256) == own   # 13 channels in splits of 2: the last one shorter
+    assert launches(512, 32 * 32) == own     # splits of 2 x 1024 elements
+
+
+@pytest.mark.parametrize("shape, shift", [((1, 4, 30, 50), 1000.0), ((1, 6, 9, 9), 0.0), ((2, 6, 9, 9), 0.0),
+                                          ((1, 7, 10, 10), 0.0)],
+                         ids=["4-splits-large-mean", "odd-HW", "2-rows", "unequal-splits"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_group_norm_split_statistics(shape, shift, dtype, monkeypatch):
+    """(sample, group) rows split over programs (3 SMs in the interpreter; up to
+    30 rows are "few" here), segments longer than ROW_BLOCK_MAX (patched to
+    64): the long-row pass 1 for equal splits, GroupNorm's own for unequal
+    ones (the last). The samples differ in scale, so that statistics stored
+    for the wrong row show."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 10)
+    assert not _takes_long_rows(shape, 1)
+    t = fn._group_tiling(shape[0], shape[1], shape[2] * shape[3], 1, 4, torch.device(DEVICE))
+    assert t.splits > 1 and t.channels_per_split * shape[2] * shape[3] > 64
+    scale = torch.arange(1, shape[0] + 1, device=DEVICE).reshape(-1, 1, 1, 1) ** 2
+    x = (randn(*shape, scale=1.0, shift=shift) * scale).to(dtype).requires_grad_()
+    w, b = randn(shape[1], shift=1.0, dtype=dtype), randn(shape[1], dtype=dtype)
+    y = fn.group_norm(x, 1, w, b)
+    ref = fn.group_norm_reference(x.detach().double().cpu(), 1, w.double().cpu(), b.double().cpu())
+    assert rel_error(y, ref) < max(1e-3 if shift else 0.0, TOLERANCE[dtype])
+    check_op(OPS["gn"], shape, dtype, ALL_TRAIN["gn"], {"x": True}, 1)
+
+
 def test_group_norm_long_rows_allocations(monkeypatch):
     """Through the long-row backward: with w and b frozen nothing but dx; with
     both trained, dx, dw, db and one (B, C) fp32 scratch for each."""
