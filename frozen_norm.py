@@ -1879,12 +1879,12 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
         # Equal splits of long segments: their statistics by the long-row
         # forward's pass 1 (APPLY=False), one program per segment; the merge
         # and y by GroupNorm's kernel.
-        seg = _row_tiling(B * num_groups * t.splits, segment)
+        plan = _row_tiling(B * num_groups * t.splits, segment)
         _long_row_norm_fwd_kernel[(B * num_groups * t.splits,)](
             x3, None, None, y, None, None, stats[:, 2], stats[:, 3], segment, 0, 0, 0, stats.stride(0), 1,
             float(eps), N=segment, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
-            BLOCK_N=seg.block_n, PRESUM=_long_forward_presum(segment, 2), HW=0, APPLY=False, SPLITS=t.splits,
-            num_warps=seg.num_warps)
+            BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(segment, 2), HW=0, APPLY=False, SPLITS=t.splits,
+            num_warps=plan.num_warps)
         launch(DO_STATS=False, DO_APPLY=True)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
