@@ -1090,11 +1090,12 @@ def _long_row_norm_bwd_kernel(
     if CENTER:
         mean = tl.load(Mean + row * stride_stats)
     lanes = tl.arange(0, BLOCK_N)
-    # Pass 1: c1 = mean(xhat * g) and, for CENTER, c2 = mean(g), from per-lane
-    # sums of xc * g and g. A chunk is viewed as [BLOCK_N / PRESUM, PRESUM],
-    # PRESUM consecutive elements in one thread, which adds them in registers
-    # (no shuffle, no barrier) before its lane sum: one float per thread and
-    # sum instead of PRESUM.
+    # Pass 1: c1 = mean(xhat * g) and, for CENTER, c2 = mean(g). Unless
+    # GroupNorm's w or b trains (the first branch), from per-lane sums of
+    # xc * g and g: a chunk is viewed as [BLOCK_N / PRESUM, PRESUM], PRESUM
+    # consecutive elements in one thread, which adds them in registers (no
+    # shuffle, no barrier) before its lane sum: one float per thread and sum
+    # instead of PRESUM.
     sum_lanes = _lane_groups(BLOCK_N, PRESUM)
     if COMPUTE_DW or COMPUTE_DB:
         # GroupNorm with w or b trained: the row's channels, one reduction per
