@@ -142,7 +142,9 @@ LONG_ELEMENTS_PER_THREAD = 8
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
 # at 20480 and 28672, and 32 registers with 520 bytes of stack for spills at
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
-# section 6).
+# section 6). PolyNorm's long-row backward takes the same cap: faster capped
+# at every length measured but 24576 (three chunks of 8192, where uncapped
+# ptxas's 32 registers let two 32-warp programs share an SM).
 LONG_BWD_MAX_REGISTERS = 64
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
@@ -157,7 +159,9 @@ LONG_BWD_MAX_REGISTERS = 64
 # 32-warp programs per SM instead of one. Shorter rows measured slower
 # pre-summed (20480), and so did RMSNorm's and FusedAdd's one sum (NOTES.md,
 # section 6). GroupNorm's long rows always pre-sum, by gcd(HW, LONG_PRESUM):
-# a group then shares one channel's w and b (`_affine_index`).
+# a group then shares one channel's w and b (`_affine_index`). PolyNorm's
+# long-row backward, with three sums (four when b trains), always pre-sums:
+# per lane it measured equal or slower at every length, and spills at 65536.
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
@@ -185,8 +189,9 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # (or per-group) sums, which measured faster at every length from 2048 (4096:
 # 95% of the copy against 81% in a tile; NOTES.md, section 6). Its backward
 # keeps whole rows in a tile up to 16384 (no N-wide accumulator: its dw sums
-# are scalars) and walks longer rows in chunks of that size (or half, as
-# above) at LOOP_ELEMENTS_PER_THREAD, with a sum per chunk.
+# are scalars); longer rows take the long-row plan as well, with per-group
+# sums (`_long_poly_norm_bwd_kernel`). At 16384 the two measured even (the
+# long-row kernel faster frozen, slower trained), so the tile keeps it.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
 # Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
@@ -194,7 +199,7 @@ POLY_ROW_BLOCK_MAX = 16384
 # persistent grid plans per SM run side by side. Left to itself, ptxas gives
 # its 8-warp tiles of 1024 elements 154 registers (dw, db trained; Triton 3.6),
 # one program per SM, and the grid's second half runs after the first.
-# Chunked rows keep ptxas's choice (a cap of 64 there measured slower).
+# Longer rows take the long-row backward's cap (LONG_BWD_MAX_REGISTERS).
 POLY_BWD_MAX_REGISTERS = 128
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -345,14 +350,6 @@ def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[in
     ept = elements_per_thread or (LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX,
                               LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
-
-
-def _poly_tiling(M: int, N: int, persistent: bool = False) -> _RowTiling:
-    """PolyNorm's backward tiles: as `_row_tiling` with POLY_ROW_BLOCK_MAX, and
-    long rows in chunks of POLY_ROW_BLOCK_MAX elements."""
-    ept = LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD
-    return _row_tiling_cached(M, N, POLY_ROW_BLOCK_MAX, TILE_ELEMENTS, ept, POLY_ROW_BLOCK_MAX, 1,
-                              LOOP_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
@@ -2009,8 +2006,9 @@ class GroupNorm(torch.nn.GroupNorm):
 #
 # Rows longer than POLY_FWD_ROW_BLOCK_MAX (1024): the forward is section 4's
 # long-row forward with three per-lane (or per-group) sums. The backward holds
-# rows up to POLY_ROW_BLOCK_MAX in a tile and walks longer ones in chunks of
-# that size, four row sums per chunk, then again for dx.
+# rows up to POLY_ROW_BLOCK_MAX in a tile; longer ones take section 4's
+# long-row backward with three or four per-group sums (dy * x^k, and dy for
+# db), and one row's sums are its own dw/db partials: an (M, 4) scratch.
 
 
 def poly_norm_reference(x, weight, bias, eps=1e-6):
@@ -2166,7 +2164,8 @@ def _poly_row_sums(x, dy, r1, r2, r3, WITH_DY: tl.constexpr):
 
 @triton.jit
 def _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2):
-    """dx = du_1 + du_2 * 2x + du_3 * 3x^2, du_k = w_k * r_k * (dy - uhat_k * a_k).
+    """dx = du_1 + du_2 * 2x + du_3 * 3x^2, du_k = w_k * r_k * (dy - uhat_k * a_k);
+    r_k and a_k broadcast against x (a tile's: [ROWS, 1]; a long row's: scalars).
 
     Multiplied out, dx is dy times a quadratic in x, minus x times a quadratic
     in x^2, whose six coefficients are row constants:
@@ -2189,8 +2188,75 @@ def _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2):
     q1 = p1 * r2 * a2
     q2 = p2 * r3 * a3
     x2 = x * x
-    return (dy * (p0[:, None] + x * p1[:, None] + x2 * p2[:, None])
-            - x * (q0[:, None] + x2 * q1[:, None] + x2 * x2 * q2[:, None]))
+    return dy * (p0 + x * p1 + x2 * p2) - x * (q0 + x2 * q1 + x2 * x2 * q2)
+
+
+@triton.jit
+def _long_poly_norm_bwd_kernel(
+    DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3) fp32; Partial: (M, 4) fp32
+    stride_dy, stride_x, stride_dx,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, PRESUM: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+):
+    """PolyNorm backward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
+    `_long_poly_norm_fwd_kernel` that `_long_row_norm_bwd_kernel` is on the
+    row norms' long forward. Pass 1 sums dy * x^k (k = 1, 2, 3) and dy per
+    group of PRESUM elements and reduces them once at the end; pass 2 reads x
+    and dy again, last chunk first, and writes dx (`_poly_dx`).
+
+    Grid: (M,), one row per program, launched with at most
+    LONG_BWD_MAX_REGISTERS registers per thread. Partial row m receives row
+    m's (dw_0, dw_1, dw_2, db) summands, N * (a_3, a_2, a_1) and sum(dy),
+    which `_reduce_partials` then sums over the rows. Other pointers and the
+    dtypes as `_poly_norm_bwd_kernel`. N is a compile-time constant and
+    PRESUM a group's size, as in `_long_row_norm_bwd_kernel`.
+
+    Flags (each False removes code):
+      COMPUTE_DX  pass 2: the second read of x and dy, dx and its stores.
+      COMPUTE_DW  the stores of the three power sums (dx needs the sums).
+      COMPUTE_DB  the per-group sum of dy and its store.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    X += row * stride_x
+    DY += row * stride_dy
+    w0, w1, w2 = _poly_weights(W)
+    r1, r2, r3 = _load_poly_stats(Rstd, row, True)
+    groups = _lane_groups(BLOCK_N, PRESUM)
+    s1_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
+    s2_v = s1_v
+    s3_v = s1_v
+    sdy_v = s1_v
+    for start in range(0, N, BLOCK_N):
+        cols = start + groups
+        mask = cols < N
+        x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        dy = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        dyx = dy * x
+        s1_v += tl.sum(dyx, axis=1)
+        s2_v += tl.sum(dyx * x, axis=1)
+        s3_v += tl.sum(dyx * (x * x), axis=1)
+        if COMPUTE_DB:
+            sdy_v += tl.sum(dy, axis=1)
+    s1 = tl.sum(s1_v, axis=0) * r1   # N * a_1 = sum(dy * uhat_1)
+    s2 = tl.sum(s2_v, axis=0) * r2
+    s3 = tl.sum(s3_v, axis=0) * r3
+    if COMPUTE_DW:
+        tl.store(Partial + row * 4, s3)
+        tl.store(Partial + row * 4 + 1, s2)
+        tl.store(Partial + row * 4 + 2, s1)
+    if COMPUTE_DB:
+        tl.store(Partial + row * 4 + 3, tl.sum(sdy_v, axis=0))
+    if COMPUTE_DX:   # (DX is None without it)
+        DX += row * stride_dx
+        lanes = tl.arange(0, BLOCK_N)
+        last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
+        for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
+            cols = (last - k) + lanes
+            mask = cols < N
+            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dy = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            dx = _poly_dx(x, dy, r1, r2, r3, s1 / N, s2 / N, s3 / N, w0, w1, w2)
+            tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -2198,24 +2264,23 @@ def _poly_norm_bwd_kernel(
     DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3); Partial: (P, 4) fp32
     M, N, stride_dy, stride_x, stride_dx, tiles_per_program,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PASS: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """PolyNorm backward: dx (see section 8), and per-program sums for dw and db.
+    """PolyNorm backward of rows up to POLY_ROW_BLOCK_MAX: dx (see section 8),
+    and per-program sums for dw and db.
 
-    Grid: (P,), program p takes tiles p, p + P, ... as `_row_norm_bwd_kernel`;
-    with ONE_PASS launched with at most POLY_BWD_MAX_REGISTERS registers per
-    thread. Partial row p receives (dw_0, dw_1, dw_2, db) summed over p's rows.
+    Grid: (P,), program p takes tiles p, p + P, ... of [ROWS, BLOCK_N] whole
+    rows as `_row_norm_bwd_kernel`, through a software pipeline STAGES deep;
+    launched with at most POLY_BWD_MAX_REGISTERS registers per thread.
+    Partial row p receives (dw_0, dw_1, dw_2, db) summed over p's rows.
     Dtypes: DX is its own dtype; DY, X, W any float dtype; fp32 math.
 
     Flags (each False removes code):
-      COMPUTE_DX  the dx arithmetic and stores (with ONE_PASS=False, pass 2).
+      COMPUTE_DX  the dx arithmetic and stores.
       COMPUTE_DW  the three scalar accumulators and their stores (the row sums
                   stay: dx needs them).
       COMPUTE_DB  the dy row sum, its accumulator and its store.
-      ONE_PASS    False for rows longer than POLY_ROW_BLOCK_MAX: one row per
-                  tile, pass 1 over chunks for the row sums, pass 2 backwards
-                  (L2 hits) for dx.
-      STAGES      the software pipeline's depth over a program's tiles (one-pass only).
+      STAGES      the software pipeline's depth; 1 removes it and its buffers.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -2225,31 +2290,15 @@ def _poly_norm_bwd_kernel(
     acc_w1 = acc
     acc_w2 = acc
     acc_b = acc
+    cols = tl.arange(0, BLOCK_N)
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
         r1, r2, r3 = _load_poly_stats(Rstd, rows, rows < M)
-        if ONE_PASS:
-            cols = tl.arange(0, BLOCK_N)
-            x_offs, mask = _tile(rows, cols, M, N, stride_x)
-            dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-            x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-            s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3, COMPUTE_DB)
-        else:
-            s1 = tl.zeros([ROWS], dtype=tl.float32)
-            s2 = s1
-            s3 = s1
-            sdy = s1
-            for start in range(0, N, BLOCK_N):
-                x_offs, mask = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_x)
-                dy_offs, _ = _tile(rows, start + tl.arange(0, BLOCK_N), M, N, stride_dy)
-                t1, t2, t3, tdy = _poly_row_sums(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32),
-                                                 tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32),
-                                                 r1, r2, r3, COMPUTE_DB)
-                s1 += t1
-                s2 += t2
-                s3 += t3
-                sdy += tdy
+        x_offs, mask = _tile(rows, cols, M, N, stride_x)
+        dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+        s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3, COMPUTE_DB)
         if COMPUTE_DW:
             acc_w0 += tl.sum(s3, axis=0)
             acc_w1 += tl.sum(s2, axis=0)
@@ -2257,24 +2306,10 @@ def _poly_norm_bwd_kernel(
         if COMPUTE_DB:
             acc_b += tl.sum(sdy, axis=0)
         if COMPUTE_DX:
-            a1 = s1 / N
-            a2 = s2 / N
-            a3 = s3 / N
-            if ONE_PASS:
-                dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-                tl.store(DX + dx_offs, _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2)
-                         .to(DX.dtype.element_ty), mask=mask)
-            else:
-                last = (N - 1) // BLOCK_N * BLOCK_N
-                for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
-                    cols = (last - k) + tl.arange(0, BLOCK_N)
-                    x_offs, mask = _tile(rows, cols, M, N, stride_x)
-                    dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-                    dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-                    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-                    dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-                    tl.store(DX + dx_offs, _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2)
-                             .to(DX.dtype.element_ty), mask=mask)
+            dx = _poly_dx(x, dy, r1[:, None], r2[:, None], r3[:, None],
+                          (s1 / N)[:, None], (s2 / N)[:, None], (s3 / N)[:, None], w0, w1, w2)
+            dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
+            tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
     if COMPUTE_DW:
         tl.store(Partial + pid * 4, acc_w0)
         tl.store(Partial + pid * 4 + 1, acc_w1)
@@ -2311,7 +2346,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     """Low-level backward: returns (dx, dw, db), None for what is not computed.
 
     Scratch: with dw or db asked, one (P, 4) fp32 buffer (P: the persistent grid,
-    one or two programs per SM, at most one per tile).
+    one or two programs per SM, at most one per tile), or (M, 4) for rows
+    longer than POLY_ROW_BLOCK_MAX (one program per row).
     """
     N = x.shape[-1]
     (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
@@ -2320,22 +2356,31 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if compute_db else None
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
-    # Tiled as the row norms' backward, but persistent whenever a row is read
-    # once: this kernel holds x, dy and the powers of x, too many registers for
-    # several programs per SM to overlap. The scalar dw/db sums need a
-    # persistent grid at any row length.
     trains = compute_dw or compute_db
-    # 16 elements per thread up to ROW_BLOCK_MAX, 32 beyond (16 warps, not 32,
-    # for a row of 16384): the configuration behind NOTES.md's PolyNorm figures.
-    t = _poly_tiling(M, N, persistent=N <= ROW_BLOCK_MAX)
-    g = _row_grid(t, _element_bytes(x2, dy2), x.device, t.one_pass or trains)
-    partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
-    _poly_norm_bwd_kernel[(g.programs,)](
-        dy2, x2, _vector(weight), rstd, dx, partial,
-        M, N, stride_dy, stride_x, N if compute_dx else 0, g.tiles_per_program,
-        COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-        ROWS=t.rows, BLOCK_N=t.block_n, ONE_PASS=t.one_pass, STAGES=g.stages, num_warps=t.num_warps,
-        maxnreg=POLY_BWD_MAX_REGISTERS if t.one_pass else None)
+    dx_stride = N if compute_dx else 0
+    t = _row_tiling(M, N, persistent=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX)
+    if t.one_pass:
+        # Tiled as the row norms' backward, but always on a persistent grid:
+        # this kernel holds x, dy and the powers of x, too many registers for
+        # several programs per SM to overlap. 16 elements per thread up to
+        # ROW_BLOCK_MAX, 32 beyond (16 warps, not 32, for a row of 16384).
+        g = _row_grid(t, _element_bytes(x2, dy2), x.device, persistent=True)
+        partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
+        _poly_norm_bwd_kernel[(g.programs,)](
+            dy2, x2, _vector(weight), rstd, dx, partial,
+            M, N, stride_dy, stride_x, dx_stride, g.tiles_per_program,
+            COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps,
+            maxnreg=POLY_BWD_MAX_REGISTERS)
+    else:
+        # One row per program, the row norms' long-row plan; a row's sums are
+        # its dw/db summands, so the scratch is (M, 4).
+        partial = torch.empty((M, 4), dtype=torch.float32, device=x.device) if trains else None
+        _long_poly_norm_bwd_kernel[(M,)](
+            dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
+            N=N, BLOCK_N=t.block_n, PRESUM=LONG_PRESUM,
+            COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
 

@@ -257,8 +257,8 @@ def test_shapes(name, shape, groups, dtype, mode):
 
 
 def _long_rows_from(n, monkeypatch, presum=False):
-    """Rows longer than n take the long-row kernels (PolyNorm's backward: its
-    chunk loops); with `presum`, their forwards pre-sum (LONG_FWD_PRESUM_AFTER)."""
+    """Rows longer than n take the long-row kernels (PolyNorm's too, forward
+    and backward); with `presum`, their forwards pre-sum (LONG_FWD_PRESUM_AFTER)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", n)
     monkeypatch.setattr(fn, "POLY_ROW_BLOCK_MAX", n)
@@ -277,10 +277,24 @@ def test_long_rows(name, mode, presum, monkeypatch):
     than 64), the last one partial; the forwards with per-lane sums, and with
     pre-sums where they take them (LayerNorm, PolyNorm)."""
     _long_rows_from(64, monkeypatch, presum)
-    for tiling in (fn._row_tiling(37, 200), fn._poly_tiling(37, 200)):
-        assert not tiling.one_pass and tiling.block_n == 32
+    tiling = fn._row_tiling(37, 200)
+    assert not tiling.one_pass and tiling.block_n == 32
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
+
+
+def _poly_patterns():
+    for params, inputs in freeze_patterns(OPS["poly"]):
+        yield pytest.param(params, inputs, id=pattern_id(params, inputs))
+
+
+@pytest.mark.parametrize("params, inputs", list(_poly_patterns()))
+def test_poly_long_rows_freeze_patterns(params, inputs, monkeypatch):
+    """PolyNorm's long-row backward (`_long_poly_norm_bwd_kernel`, past a
+    POLY_ROW_BLOCK_MAX of 64) under every freeze pattern: dw or db alone, with
+    and without dx (no pass 2), bf16 rows of 200 in chunks of 32."""
+    _long_rows_from(64, monkeypatch)
+    check_op(OPS["poly"], (37, 200), torch.bfloat16, params, inputs)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
@@ -395,7 +409,6 @@ def test_poly_forward_long_rows_past_1024():
         fn.poly_norm_backward(x, x, w3, b1, x[:, :3])
     assert [lc.name for lc in rec.launches[:3]] == [
         "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel"]
-    assert rec.launches[2].constexprs["ONE_PASS"]
     check_op(OPS["poly"], (3, N), torch.bfloat16, ALL_TRAIN["poly"], _with_grads("poly"))
 
 
@@ -407,17 +420,17 @@ def test_tiling_follows_warp_limits(monkeypatch):
     assert fn._row_tiling(37, 100).num_warps == 16
 
 
-@pytest.mark.parametrize("N, rows_chunk, poly_chunk", [
-    (12288, 4096, None), (16384, 4096, None), (20480, 4096, 8192), (24576, 8192, 8192), (32768, 8192, 16384),
-    (262144, 8192, 16384), (70001, 8192, 8192)])
-def test_long_row_chunks(N, rows_chunk, poly_chunk):
+@pytest.mark.parametrize("N, rows_chunk", [
+    (12288, 4096), (16384, 4096), (20480, 4096), (24576, 8192), (32768, 8192), (262144, 8192), (70001, 8192)])
+def test_long_row_chunks(N, rows_chunk):
     """The long-row planner on the real limits: a quarter row, at most
-    LONG_CHUNK_MAX (PolyNorm's backward: POLY_ROW_BLOCK_MAX), halved where that
-    pads the row less; None: PolyNorm's backward holds the row in one tile."""
-    rows, poly = fn._row_tiling(2048, N), fn._poly_tiling(2048, N)
+    LONG_CHUNK_MAX, halved where that pads the row less. PolyNorm's backward
+    holds rows up to POLY_ROW_BLOCK_MAX in one tile and plans longer ones so."""
+    rows = fn._row_tiling(2048, N)
     assert not rows.one_pass and rows.block_n == rows_chunk
     assert rows.num_warps == fn._warps_for(rows_chunk, fn.LONG_ELEMENTS_PER_THREAD)
-    assert poly.one_pass if poly_chunk is None else poly.block_n == poly_chunk
+    poly = fn._row_tiling(2048, N, block_max=fn.POLY_ROW_BLOCK_MAX)
+    assert poly.one_pass if N <= fn.POLY_ROW_BLOCK_MAX else poly == rows
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
@@ -433,14 +446,16 @@ def test_long_row_backward_register_cap(name):
 
 
 @pytest.mark.parametrize("name, N, presum", [("ln", 12288, fn.LONG_PRESUM), ("rms", 16384, 1),
-                                             ("rms", 16400, fn.LONG_PRESUM), ("fadd", 70001, fn.LONG_PRESUM)])
+                                             ("rms", 16400, fn.LONG_PRESUM), ("fadd", 70001, fn.LONG_PRESUM),
+                                             ("poly", 16400, fn.LONG_PRESUM)])
 def test_long_row_backward_presum(name, N, presum):
     """Pass 1 of the long-row backward pre-sums each thread's elements for
-    LayerNorm at every length, for RMSNorm and FusedAdd past
+    LayerNorm and PolyNorm at every length, for RMSNorm and FusedAdd past
     LONG_BWD_PRESUM_AFTER (frozen weight: the long-row kernel at any length)."""
     from bench_frozen_norm import VARIANTS, record_backward
-    rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"])
-    assert [(lc.name, lc.constexprs["PRESUM"]) for lc in rec.launches] == [("_long_row_norm_bwd_kernel", presum)]
+    rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name in ("ln", "poly") else "frozen w"])
+    kernel = "_long_poly_norm_bwd_kernel" if name == "poly" else "_long_row_norm_bwd_kernel"
+    assert [(lc.name, lc.constexprs["PRESUM"]) for lc in rec.launches] == [(kernel, presum)]
 
 
 @pytest.mark.parametrize("name, N, presum", [("ln", 24576, 1), ("ln", 24592, fn.LONG_PRESUM), ("poly", 24576, 1),
@@ -459,15 +474,22 @@ def test_long_row_forward_presum(name, N, presum):
     assert [lc.constexprs["PRESUM"] for lc in rec.launches] == [presum], rec.launches
 
 
-@pytest.mark.parametrize("N, cap", [(4096, fn.POLY_BWD_MAX_REGISTERS), (65536, None)], ids=["tile", "chunks"])
-def test_poly_backward_register_cap(N, cap):
+@pytest.mark.parametrize("N, kernel, cap", [(4096, "_poly_norm_bwd_kernel", fn.POLY_BWD_MAX_REGISTERS),
+                                             (65536, "_long_poly_norm_bwd_kernel", fn.LONG_BWD_MAX_REGISTERS)],
+                         ids=["tile", "long-rows"])
+def test_poly_backward_register_cap(N, kernel, cap):
     """PolyNorm's backward launches rows held in a tile with the register cap
-    POLY_BWD_MAX_REGISTERS and chunked rows without one; the partial-sum launch
-    has none."""
+    POLY_BWD_MAX_REGISTERS, longer rows with the long-row backward's
+    LONG_BWD_MAX_REGISTERS, one program per row; the partial-sum launch has
+    none and sums a partial row per program."""
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward("poly", (4, N), VARIANTS["poly"]["trainable"])
     caps = {launch.name: launch.maxnreg for launch in rec.launches}
-    assert caps == {"_poly_norm_bwd_kernel": cap, "_sum_partials_kernel": None}
+    assert caps == {kernel: cap, "_sum_partials_kernel": None}
+    main, reduction = rec.launches
+    assert main.args[5].shape == (main.grid[0], 4) and reduction.args[4] == main.grid[0]
+    if N > fn.POLY_ROW_BLOCK_MAX:
+        assert main.grid == (4,)
 
 
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
@@ -688,10 +710,14 @@ def _alloc_cases():
     for name in OPS:
         shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
         yield pytest.param(name, shape, groups, id=name)
+    yield pytest.param("poly-long-rows", (37, 100), None, id="poly-long-rows")
 
 
 @pytest.mark.parametrize("name, shape, groups", list(_alloc_cases()))
-def test_frozen_backward_allocates_only_input_grads(name, shape, groups):
+def test_frozen_backward_allocates_only_input_grads(name, shape, groups, monkeypatch):
+    if name == "poly-long-rows":   # (M, 4) partials, one row per program
+        name = "poly"
+        _long_rows_from(64, monkeypatch)
     op = OPS[name]
     rec, grad_bytes = backward_allocations(op, shape, groups, ALL_FROZEN[name], _with_grads(name))
     assert rec.allocated_bytes == grad_bytes, rec.allocations
@@ -713,15 +739,19 @@ def _outputs_and_grads(op, d):
     return list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
 
 
-@pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows"])
+@pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "poly-long-rows"])
 def test_deterministic(name, monkeypatch):
     """The same inputs give bitwise-identical outputs and gradients, run after
-    run (GroupNorm also through the long-row kernels, per-channel sums and all)."""
+    run (GroupNorm also through the long-row kernels, per-channel sums and
+    all; PolyNorm also with rows past POLY_ROW_BLOCK_MAX)."""
     shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((300, 100), None)
     if name == "gn-long-rows":
         name, shape, groups = "gn", (3, 6, 8, 8), 3
         _group_long_rows_from(64, monkeypatch)
         assert _takes_long_rows(shape, groups)
+    if name == "poly-long-rows":
+        name, shape = "poly", (37, 100)
+        _long_rows_from(64, monkeypatch)
     op = OPS[name]
     torch.manual_seed(1)
     d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
