@@ -142,9 +142,9 @@ LONG_ELEMENTS_PER_THREAD = 8
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
 # at 20480 and 28672, and 32 registers with 520 bytes of stack for spills at
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
-# section 6). PolyNorm's long-row backward takes the same cap: faster capped
-# at every length measured but 24576 (three chunks of 8192, where uncapped
-# ptxas's 32 registers let two 32-warp programs share an SM).
+# section 6). PolyNorm's long-row backward takes the same cap: faster capped,
+# or even, at every length measured but 24576 (three chunks of 8192, where
+# uncapped ptxas's 32 registers let two 32-warp programs share an SM).
 LONG_BWD_MAX_REGISTERS = 64
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
@@ -161,7 +161,8 @@ LONG_BWD_MAX_REGISTERS = 64
 # section 6). GroupNorm's long rows always pre-sum, by gcd(HW, LONG_PRESUM):
 # a group then shares one channel's w and b (`_affine_index`). PolyNorm's
 # long-row backward, with three sums (four when b trains), always pre-sums:
-# per lane it measured equal or slower at every length, and spills at 65536.
+# per lane it measured slower at most lengths (faster only trained at 20480)
+# and spills at 65536.
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
