@@ -202,6 +202,13 @@ POLY_ROW_BLOCK_MAX = 16384
 # one program per SM, and the grid's second half runs after the first.
 # Longer rows take the long-row backward's cap (LONG_BWD_MAX_REGISTERS).
 POLY_BWD_MAX_REGISTERS = 128
+# PolyNorm's backward on tiles of at least this many rows (rows of up to 1024
+# elements) keeps its dw and db sums per tile row over a program's tiles, and
+# sums across rows once, after the loop: a tile's rows span warps, so a sum
+# across them per tile costs an exchange through shared memory and barriers.
+# Faster trained at rows of 256 to 1024; with 2 rows per tile the per-tile
+# sums measured faster (NOTES.md, section 6).
+POLY_ROW_ACCUMULATOR_ROWS = 4
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
@@ -2265,7 +2272,7 @@ def _poly_norm_bwd_kernel(
     DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3); Partial: (P, 4) fp32
     M, N, stride_dy, stride_x, stride_dx, tiles_per_program,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, ROW_ACCUMULATORS: tl.constexpr,
 ):
     """PolyNorm backward of rows up to POLY_ROW_BLOCK_MAX: dx (see section 8),
     and per-program sums for dw and db.
@@ -2282,11 +2289,14 @@ def _poly_norm_bwd_kernel(
                   stay: dx needs them).
       COMPUTE_DB  the dy row sum, its accumulator and its store.
       STAGES      the software pipeline's depth; 1 removes it and its buffers.
+      ROW_ACCUMULATORS  the dw/db accumulators are [ROWS] vectors, a sum per
+                  tile row, summed across rows after the loop; False sums
+                  each tile's rows at once, into one number per accumulator.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     w0, w1, w2 = _poly_weights(W)
-    acc = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([ROWS if ROW_ACCUMULATORS else 1], dtype=tl.float32)
     acc_w0 = acc
     acc_w1 = acc
     acc_w2 = acc
@@ -2301,22 +2311,22 @@ def _poly_norm_bwd_kernel(
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
         s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3, COMPUTE_DB)
         if COMPUTE_DW:
-            acc_w0 += tl.sum(s3, axis=0)
-            acc_w1 += tl.sum(s2, axis=0)
-            acc_w2 += tl.sum(s1, axis=0)
+            acc_w0 += s3 if ROW_ACCUMULATORS else tl.sum(s3, axis=0)
+            acc_w1 += s2 if ROW_ACCUMULATORS else tl.sum(s2, axis=0)
+            acc_w2 += s1 if ROW_ACCUMULATORS else tl.sum(s1, axis=0)
         if COMPUTE_DB:
-            acc_b += tl.sum(sdy, axis=0)
+            acc_b += sdy if ROW_ACCUMULATORS else tl.sum(sdy, axis=0)
         if COMPUTE_DX:
             dx = _poly_dx(x, dy, r1[:, None], r2[:, None], r3[:, None],
                           (s1 / N)[:, None], (s2 / N)[:, None], (s3 / N)[:, None], w0, w1, w2)
             dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
             tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
     if COMPUTE_DW:
-        tl.store(Partial + pid * 4, acc_w0)
-        tl.store(Partial + pid * 4 + 1, acc_w1)
-        tl.store(Partial + pid * 4 + 2, acc_w2)
+        tl.store(Partial + pid * 4, tl.sum(acc_w0, axis=0))
+        tl.store(Partial + pid * 4 + 1, tl.sum(acc_w1, axis=0))
+        tl.store(Partial + pid * 4 + 2, tl.sum(acc_w2, axis=0))
     if COMPUTE_DB:
-        tl.store(Partial + pid * 4 + 3, acc_b)
+        tl.store(Partial + pid * 4 + 3, tl.sum(acc_b, axis=0))
 
 
 def poly_norm_forward(x, weight, bias, eps=1e-6):
@@ -2372,7 +2382,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             M, N, stride_dy, stride_x, dx_stride, g.tiles_per_program,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps,
-            maxnreg=POLY_BWD_MAX_REGISTERS)
+            ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS)
     else:
         # One row per program, the row norms' long-row plan; a row's sums are
         # its dw/db summands, so the scratch is (M, 4).

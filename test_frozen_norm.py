@@ -492,6 +492,19 @@ def test_poly_backward_register_cap(N, kernel, cap):
         assert main.grid == (4,)
 
 
+@pytest.mark.parametrize("N, rows, row_accumulators", [(1024, 4, True), (300, 8, True), (2048, 2, False),
+                                                      (4096, 1, False)])
+def test_poly_backward_row_accumulators(N, rows, row_accumulators):
+    """PolyNorm's tile backward keeps dw and db per tile row where a tile has
+    POLY_ROW_ACCUMULATOR_ROWS rows or more (the real limits); the freeze
+    sweep and test_shapes check the results of both kinds (tiles of 32 and
+    64 rows; of one or two rows at 7 and 2024 columns)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward("poly", (64, N), VARIANTS["poly"]["trainable"]).launches[0]
+    assert launch.constexprs["ROWS"] == rows
+    assert launch.constexprs["ROW_ACCUMULATORS"] is row_accumulators
+
+
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
                                               (torch.float16, torch.bfloat16)])
 @pytest.mark.parametrize("name", list(OPS))
