@@ -2073,33 +2073,28 @@ def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
 @triton.jit
 def _poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # X, Y: (M, N); W: (3,); B: (1,); Rstd: (M, 3) fp32
-    M, N, stride_x, stride_y, eps, tiles_per_program,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    M, N, stride_x, stride_y, eps,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b,
     for rows up to POLY_FWD_ROW_BLOCK_MAX (whole rows in a tile).
 
-    Grid: (P,), a persistent grid: program p takes tiles p, p + P, ... of
-    [ROWS, BLOCK_N] rows (tiles_per_program of them), through a software
-    pipeline STAGES deep. Rstd receives (r1, r2, r3) per row.
+    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of whole rows per program,
+    as `_row_norm_fwd_kernel`. Rstd receives (r1, r2, r3) per row.
     Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
     """
-    pid = tl.program_id(0)
-    num_programs = tl.num_programs(0)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)
     w0, w1, w2 = _poly_weights(W)
     bias = tl.load(B).to(tl.float32)
-    cols = tl.arange(0, BLOCK_N)
-    for i in tl.range(0, tiles_per_program, num_stages=STAGES):
-        rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-        x_offs, mask = _tile(rows, cols, M, N, stride_x)
-        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-        s1, s2, s3 = _poly_moments(x)
-        r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
-        y_offs, _ = _tile(rows, cols, M, N, stride_y)
-        tl.store(Y + y_offs, _poly_apply(x, r1[:, None], r2[:, None], r3[:, None], w0, w1, w2, bias)
-                 .to(Y.dtype.element_ty), mask=mask)
-        _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)
+    x_offs, mask = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_x)
+    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+    s1, s2, s3 = _poly_moments(x)
+    r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
+    y_offs, _ = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_y)
+    tl.store(Y + y_offs, _poly_apply(x, r1[:, None], r2[:, None], r3[:, None], w0, w1, w2, bias)
+             .to(Y.dtype.element_ty), mask=mask)
+    _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)
 
 
 @triton.jit
@@ -2337,15 +2332,14 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, rstd
-    # Short rows batched in tiles, on a persistent grid: PolyNorm's forward
-    # holds x and its powers, too many registers for several programs per SM
-    # to overlap. Longer rows: the row norms' long-row plan of chunks.
+    # Short rows batched in tiles, one program per tile as in the row norms'
+    # forward (a persistent grid measured slower at rows of 256 and 1024);
+    # longer rows: the row norms' long-row plan of chunks.
     t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
-        g = _row_grid(t, _element_bytes(x2), x.device, persistent=True)
-        _poly_norm_fwd_kernel[(g.programs,)](*args, M, N, stride_x, N, float(eps), g.tiles_per_program,
-                                             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps)
+        _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
+                                             BLOCK_N=t.block_n, num_warps=t.num_warps)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
                                          PRESUM=_long_forward_presum(N, 3),
