@@ -2148,6 +2148,26 @@ def _add3(a1, a2, a3, b1, b2, b3):
 
 
 @triton.jit
+def _dy_powers(x, dy):
+    """dy * x, dy * x^2, dy * x^3: the summands of the row sums N * a_k / r_k."""
+    x2 = x * x
+    dyx = dy * x
+    return dyx, dyx * x, dyx * x2
+
+
+@triton.jit
+def _store_poly_partial(Partial, p, dw0, dw1, dw2, db, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr):
+    """Row p of the dw/db partials, (dw_0, dw_1, dw_2, db): the sums of dy *
+    uhat_3, dy * uhat_2, dy * uhat_1 (w_0 weighs uhat_3) and of dy."""
+    if COMPUTE_DW:
+        tl.store(Partial + p * 4, dw0)
+        tl.store(Partial + p * 4 + 1, dw1)
+        tl.store(Partial + p * 4 + 2, dw2)
+    if COMPUTE_DB:
+        tl.store(Partial + p * 4 + 3, db)
+
+
+@triton.jit
 def _poly_row_sums(x, dy, r1, r2, r3, WITH_DY: tl.constexpr):
     """Row sums of dy * uhat_1, dy * uhat_2, dy * uhat_3, and with WITH_DY of dy
     (else zeros, which the compiler drops with their uses).
@@ -2159,9 +2179,7 @@ def _poly_row_sums(x, dy, r1, r2, r3, WITH_DY: tl.constexpr):
     tiles of 12288 and 16384 spill when db trains (344 bytes of stack).
     """
     sdy = tl.sum(dy, axis=1) if WITH_DY else tl.zeros_like(r1)
-    x2 = x * x
-    dyx = dy * x
-    s1, s2, s3 = tl.reduce((dyx, dyx * x, dyx * x2), 1, _add3)
+    s1, s2, s3 = tl.reduce(_dy_powers(x, dy), 1, _add3)
     return s1 * r1, s2 * r2, s3 * r3, sdy
 
 
@@ -2234,21 +2252,16 @@ def _long_poly_norm_bwd_kernel(
         mask = cols < N
         x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         dy = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        dyx = dy * x
-        s1_v += tl.sum(dyx, axis=1)
-        s2_v += tl.sum(dyx * x, axis=1)
-        s3_v += tl.sum(dyx * (x * x), axis=1)
+        p1, p2, p3 = _dy_powers(x, dy)
+        s1_v += tl.sum(p1, axis=1)
+        s2_v += tl.sum(p2, axis=1)
+        s3_v += tl.sum(p3, axis=1)
         if COMPUTE_DB:
             sdy_v += tl.sum(dy, axis=1)
     s1 = tl.sum(s1_v, axis=0) * r1   # N * a_1 = sum(dy * uhat_1)
     s2 = tl.sum(s2_v, axis=0) * r2
     s3 = tl.sum(s3_v, axis=0) * r3
-    if COMPUTE_DW:
-        tl.store(Partial + row * 4, s3)
-        tl.store(Partial + row * 4 + 1, s2)
-        tl.store(Partial + row * 4 + 2, s1)
-    if COMPUTE_DB:
-        tl.store(Partial + row * 4 + 3, tl.sum(sdy_v, axis=0))
+    _store_poly_partial(Partial, row, s3, s2, s1, tl.sum(sdy_v, axis=0), COMPUTE_DW, COMPUTE_DB)
     if COMPUTE_DX:   # (DX is None without it)
         DX += row * stride_dx
         lanes = tl.arange(0, BLOCK_N)
@@ -2280,7 +2293,7 @@ def _poly_norm_bwd_kernel(
 
     Flags (each False removes code):
       COMPUTE_DX  the dx arithmetic and stores.
-      COMPUTE_DW  the three scalar accumulators and their stores (the row sums
+      COMPUTE_DW  the three accumulators and their stores (the row sums
                   stay: dx needs them).
       COMPUTE_DB  the dy row sum, its accumulator and its store.
       STAGES      the software pipeline's depth; 1 removes it and its buffers.
@@ -2292,10 +2305,10 @@ def _poly_norm_bwd_kernel(
     num_programs = tl.num_programs(0)
     w0, w1, w2 = _poly_weights(W)
     acc = tl.zeros([ROWS if ROW_ACCUMULATORS else 1], dtype=tl.float32)
-    acc_w0 = acc
-    acc_w1 = acc
-    acc_w2 = acc
-    acc_b = acc
+    acc_s3 = acc
+    acc_s2 = acc
+    acc_s1 = acc
+    acc_dy = acc
     cols = tl.arange(0, BLOCK_N)
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
@@ -2306,22 +2319,18 @@ def _poly_norm_bwd_kernel(
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
         s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3, COMPUTE_DB)
         if COMPUTE_DW:
-            acc_w0 += s3 if ROW_ACCUMULATORS else tl.sum(s3, axis=0)
-            acc_w1 += s2 if ROW_ACCUMULATORS else tl.sum(s2, axis=0)
-            acc_w2 += s1 if ROW_ACCUMULATORS else tl.sum(s1, axis=0)
+            acc_s3 += s3 if ROW_ACCUMULATORS else tl.sum(s3, axis=0)
+            acc_s2 += s2 if ROW_ACCUMULATORS else tl.sum(s2, axis=0)
+            acc_s1 += s1 if ROW_ACCUMULATORS else tl.sum(s1, axis=0)
         if COMPUTE_DB:
-            acc_b += sdy if ROW_ACCUMULATORS else tl.sum(sdy, axis=0)
+            acc_dy += sdy if ROW_ACCUMULATORS else tl.sum(sdy, axis=0)
         if COMPUTE_DX:
             dx = _poly_dx(x, dy, r1[:, None], r2[:, None], r3[:, None],
                           (s1 / N)[:, None], (s2 / N)[:, None], (s3 / N)[:, None], w0, w1, w2)
             dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
             tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
-    if COMPUTE_DW:
-        tl.store(Partial + pid * 4, tl.sum(acc_w0, axis=0))
-        tl.store(Partial + pid * 4 + 1, tl.sum(acc_w1, axis=0))
-        tl.store(Partial + pid * 4 + 2, tl.sum(acc_w2, axis=0))
-    if COMPUTE_DB:
-        tl.store(Partial + pid * 4 + 3, tl.sum(acc_b, axis=0))
+    _store_poly_partial(Partial, pid, tl.sum(acc_s3, axis=0), tl.sum(acc_s2, axis=0), tl.sum(acc_s1, axis=0),
+                        tl.sum(acc_dy, axis=0), COMPUTE_DW, COMPUTE_DB)
 
 
 def poly_norm_forward(x, weight, bias, eps=1e-6):
