@@ -555,13 +555,33 @@ def _sum_partials_kernel(
         _sum_partials(PartialB, OutB, P, N_b, stride_b, BLOCK_P, BLOCK_N, STAGES)
 
 
+def _sum_targets(rows: int, dw: Optional[torch.Tensor], db: Optional[torch.Tensor]) -> tuple:
+    """Where a backward kernel leaves its `rows` rows of dw and db sums.
+
+    Several rows: a new (rows, numel) fp32 partial per gradient asked for (None
+    for None), which `_reduce_partials` then sums into dw and db. One row is
+    the gradient itself: the kernel stores into dw and db directly (its stores
+    cast to their dtype, as `_sum_partials` would), and no reduction is
+    launched. The long-row dw/db kernel leaves one row for rows longer than
+    8384 elements on an H200 (`_row_norm_dwdb`), GroupNorm's kernels for a
+    batch of one sample.
+    """
+    if rows == 1:
+        return dw, db
+
+    def partial(out):
+        return None if out is None else torch.empty((rows, out.numel()), dtype=torch.float32, device=out.device)
+    return partial(dw), partial(db)
+
+
 def _reduce_partials(*pairs) -> None:
     """Launches `_sum_partials_kernel` once for up to two (partial, out) pairs.
 
-    A pair whose partial is None (a parameter that does not train) is skipped;
-    with none left, nothing is launched.
+    A pair whose partial is None (a parameter that does not train) or the
+    output itself (one row, stored there by the kernel: `_sum_targets`) is
+    skipped; with none left, nothing is launched.
     """
-    pairs = [pair for pair in pairs if pair[0] is not None]
+    pairs = [(partial, out) for partial, out in pairs if partial is not None and partial is not out]
     if not pairs:
         return
     (partial_a, out_a), (partial_b, out_b) = pairs[0], pairs[1] if len(pairs) > 1 else (None, None)
@@ -605,7 +625,8 @@ def _reduce_partials(*pairs) -> None:
 # and dy again after the reduction (RELOAD), from L1/L2. Past that, or with two
 # accumulators (LayerNorm's dw and db), `_row_norm_dwdb_kernel` swaps the loops
 # (each program owns a block of columns and walks the rows), at the price of
-# reading x and dy a second time from DRAM.
+# reading x and dy a second time from DRAM. Where its programs walk all the
+# rows (one row slice), their sums are dw itself: no scratch, no second launch.
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -910,8 +931,10 @@ def _row_norm_bwd_kernel(
     p + P, p + 2P, ... (tiles_per_program of them) of whole rows (BLOCK_N >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
-    Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous.
-    Dtypes: DX is written in its own dtype; DY, X, DS, W may each differ. fp32 math.
+    Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous, or with
+    P = 1 dw and db themselves (`_sum_targets`).
+    Dtypes: DX, DWp, DBp are written in their own dtype; DY, X, DS, W may each
+    differ. fp32 math.
 
     Flags (each False removes code):
       COMPUTE_DX  the c1/c2 row reductions, the dx arithmetic and the DX stores.
@@ -968,9 +991,9 @@ def _row_norm_bwd_kernel(
         if COMPUTE_DB:
             db_acc += tl.sum(dy, axis=0)
     if COMPUTE_DW:
-        tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc, mask=cols < N)
+        tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc.to(DWp.dtype.element_ty), mask=cols < N)
     if COMPUTE_DB:
-        tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc, mask=cols < N)
+        tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc.to(DBp.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -1031,9 +1054,9 @@ def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
         sum_xhat_g += tl.sum(A_w, axis=0)
         sum_g += tl.sum(D_w, axis=0)
         if COMPUTE_DW:
-            tl.store(DWp + out + c, A, mask=c < n_c)
+            tl.store(DWp + out + c, A.to(DWp.dtype.element_ty), mask=c < n_c)
         if COMPUTE_DB:
-            tl.store(DBp + out + c, D, mask=c < n_c)
+            tl.store(DBp + out + c, D.to(DBp.dtype.element_ty), mask=c < n_c)
     return sum_xhat_g, sum_g
 
 
@@ -1080,7 +1103,8 @@ def _long_row_norm_bwd_kernel(
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_N / BLOCK_C] tiles,
-    storing A[c], D[c] into row (sample) of the (B, C) fp32 DWp, DBp.
+    storing A[c], D[c] into row (sample) of the (B, C) fp32 DWp, DBp (with
+    B = 1, dw and db themselves: `_sum_targets`).
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -1157,7 +1181,8 @@ def _row_norm_dwdb_kernel(
     Grid: (cdiv(N, BLOCK_N), S); program (j, s) sums rows [s * rows_per_split,
     (s + 1) * rows_per_split) of column block j into row s of DWp and DBp.
     Pointers: DY, X (M, N) with unit column stride; Mean, Rstd (M,) fp32;
-    DWp, DBp contiguous (S, N) fp32. Any float dtypes for DY and X.
+    DWp, DBp contiguous (S, N) fp32, or with S = 1 dw and db themselves
+    (`_sum_targets`), written in their dtype. Any float dtypes for DY and X.
     Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store;
     CENTER False removes the mean (RMSNorm). STAGES is the software pipeline's
     depth over the row blocks.
@@ -1183,9 +1208,9 @@ def _row_norm_dwdb_kernel(
             db_acc += dy
     out = split.to(tl.int64) * N + cols
     if COMPUTE_DW:
-        tl.store(DWp + out, tl.sum(dw_acc, axis=0), mask=cols < N)
+        tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
     if COMPUTE_DB:
-        tl.store(DBp + out, tl.sum(db_acc, axis=0), mask=cols < N)
+        tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
 
 
 def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
@@ -1232,8 +1257,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     H200 at N = 16384: 8.7 MB), when x and dy are 16-bit and N and the row
     strides are multiples of 16 (else its loads would not vectorize). Longer
     rows: dx from `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb`
-    into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1 (S
-    = 1 at N = 32768 on an H200: 0.1 MB).
+    into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1;
+    with S = 1 (P = 1 for the tile kernel) the kernel writes dw and db
+    themselves, with no buffer and no reduction launch (`_sum_targets`): on an
+    H200 that is every row longer than 8384.
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     shape = x.shape
@@ -1266,9 +1293,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=True)
         stages = 1 if reload else g.stages
         if trains:
-            new_partial = functools.partial(torch.empty, (g.programs, N), dtype=torch.float32, device=x.device)
-            dw_partial = new_partial() if compute_dw else None
-            db_partial = new_partial() if compute_db else None
+            dw_partial, db_partial = _sum_targets(g.programs, dw, db)
         _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
@@ -1285,25 +1310,27 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1, num_warps=t.num_warps,
                 maxnreg=LONG_BWD_MAX_REGISTERS)
         if trains:
-            dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x,
-                                                     compute_dw, compute_db)
+            dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
 
-def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, compute_dw, compute_db):
-    """dw/db partial sums of M long rows by `_row_norm_dwdb_kernel`: (S, N) fp32 each (or None).
+def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db):
+    """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
+    where not None. Returns their targets (`_sum_targets`): (S, N) fp32
+    partials, or dw and db themselves, filled, when S = 1.
 
     S row slices, enough that (S x column blocks) fills DW_PROGRAMS_PER_SM
-    programs per SM, each slice a whole number of DW_BLOCK_M row steps.
+    programs per SM, each slice a whole number of DW_BLOCK_M row steps: one
+    slice where the column blocks alone fill them (N > 8384 on an H200) or M
+    is at most DW_BLOCK_M.
     """
+    compute_dw, compute_db = dw is not None, db is not None
     col_blocks = _cdiv(N, DW_BLOCK_N)
     splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
     rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
     splits = _cdiv(M, rows_per_split)
-    new_partial = functools.partial(torch.empty, (splits, N), dtype=torch.float32, device=x.device)
-    dw_partial = new_partial() if compute_dw else None
-    db_partial = new_partial() if compute_db else None
+    dw_partial, db_partial = _sum_targets(splits, dw, db)
     tile_bytes = DW_BLOCK_M * DW_BLOCK_N * _element_bytes(dy, x if compute_dw else None)
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
@@ -1738,7 +1765,8 @@ def _group_norm_bwd_kernel(
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
     Grid and pointers as `_group_norm_fwd_kernel`; DWp and DBp are contiguous
-    (B, C) fp32 and receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy.
+    (B, C) fp32, or with B = 1 dw and db themselves (`_sum_targets`), and
+    receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy, in their dtype.
     Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
 
     Launch modes (S = 1: one launch; S > 1, or no dx wanted: two or one):
@@ -1916,9 +1944,7 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
-    new_partial = functools.partial(torch.empty, (B, C), dtype=torch.float32, device=x.device)
-    dw_partial = new_partial() if compute_dw else None
-    db_partial = new_partial() if compute_db else None
+    dw_partial, db_partial = _sum_targets(B, dw, db)
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b

@@ -744,6 +744,54 @@ def test_frozen_backward_allocates_only_input_grads(name, shape, groups, monkeyp
     assert scratch >= min_scratch, rec.allocations
 
 
+# A backward kernel that leaves one row of dw/db sums writes the gradients
+# themselves (`_sum_targets`): no scratch, no reduction launch. On an H200 (132
+# SMs): the long-row dw/db kernel on rows past 8384 (its 64-column blocks fill
+# the SMs alone, so one slice walks all rows), the tile kernel with one tile,
+# GroupNorm with one sample (its own kernels and the long-row ones).
+ONE_ROW_OF_SUMS = [
+    ("rms", (2048, 32768), True), ("ln", (2048, 8385), True), ("ln", (2048, 8384), False),
+    ("rms", (2, 100), True), ("rms", (2048, 4096), False),
+    ("gn", (1, 512, 256, 256, 32), True), ("gn", (1, 64, 8, 8, 4), True), ("gn", (2, 64, 8, 8, 4), False),
+]
+
+
+@pytest.mark.parametrize("name, size, one_row", ONE_ROW_OF_SUMS, ids=lambda v: "x".join(map(str, v))
+                         if isinstance(v, tuple) else None)
+def test_one_row_of_sums_is_the_gradient(name, size, one_row):
+    """A trained backward at H200 sizes (launches recorded, not run): where
+    its kernel leaves one row of sums it allocates nothing but the gradients
+    and launches no reduction; elsewhere it does both."""
+    from bench_frozen_norm import VARIANTS, _grad_bytes, record_backward
+    want = VARIANTS[name]["trainable"]
+    rec = record_backward(name, size, want)
+    names = [lc.name for lc in rec.launches]
+    scratch = rec.allocated_bytes - _grad_bytes(name, size, want)
+    if one_row:
+        assert scratch == 0 and "_sum_partials_kernel" not in names, (names, rec.allocations)
+    else:
+        assert scratch > 0 and names[-1] == "_sum_partials_kernel", (names, rec.allocations)
+
+
+@pytest.mark.parametrize("name", ["rms", "ln"])
+@pytest.mark.parametrize("block_m", [128, 8], ids=["one-slice", "slices"])
+def test_long_row_dw_slices(name, block_m, monkeypatch):
+    """The long-row dw/db kernel run on 37 rows of 100 (3 interpreter SMs): in
+    one slice (DW_BLOCK_M = 128) it stores dw and db themselves; in slices of
+    8-row steps (DW_BLOCK_M = 8: two slices of 24 and 13 rows) it fills (2, N)
+    partials that `_sum_partials_kernel` sums. Against float64 with dx (fp32)
+    and without (bf16: dw, db stored in bf16 by the kernel or the reduction)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    _long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "DW_BLOCK_M", block_m)
+    rec = record_backward(name, (37, 100), VARIANTS[name]["trainable"], torch.float32, fn.INTERPRETER_SMS)
+    reduction = ["_sum_partials_kernel"] if block_m == 8 else []
+    assert [lc.name for lc in rec.launches] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"] + reduction
+    assert rec.launches[1].grid == (2, 2 if block_m == 8 else 1)
+    check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], {"x": True})
+    check_op(OPS[name], (37, 100), torch.bfloat16, ALL_TRAIN[name], {"x": False})
+
+
 def _outputs_and_grads(op, d):
     """One forward and backward of `op` on inputs `d`: its outputs, then the
     gradients of every input that requires one (dy drawn from a fixed seed)."""
