@@ -1179,7 +1179,8 @@ def _row_norm_dwdb_kernel(
     read of x and dy (no c1/c2 is needed here, so nothing else is recomputed).
 
     Grid: (cdiv(N, BLOCK_N), S); program (j, s) sums rows [s * rows_per_split,
-    (s + 1) * rows_per_split) of column block j into row s of DWp and DBp.
+    (s + 1) * rows_per_split) of column block j into row s of DWp and DBp,
+    BLOCK_M rows at a time from the last block to the first.
     Pointers: DY, X (M, N) with unit column stride; Mean, Rstd (M,) fp32;
     DWp, DBp contiguous (S, N) fp32, or with S = 1 dw and db themselves
     (`_sum_targets`), written in their dtype. Any float dtypes for DY and X.
@@ -1189,11 +1190,15 @@ def _row_norm_dwdb_kernel(
     """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
-    row_end = tl.minimum(M, (split + 1) * rows_per_split)
+    row_start = split * rows_per_split
+    row_end = tl.minimum(M, row_start + rows_per_split)
+    blocks = tl.cdiv(row_end - row_start, BLOCK_M)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for r0 in tl.range(split * rows_per_split, row_end, BLOCK_M, num_stages=STAGES):
-        rows = r0 + tl.arange(0, BLOCK_M)
+    for i in tl.range(0, blocks, num_stages=STAGES):
+        # Last block first: the dx kernel launched just before ended on the
+        # last rows, whose x and dy may still be in L2.
+        rows = row_start + (blocks - 1 - i) * BLOCK_M + tl.arange(0, BLOCK_M)
         rstd = tl.load(Rstd + rows, mask=rows < row_end, other=0.0)
         dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
