@@ -626,7 +626,7 @@ def _reduce_partials(*pairs) -> None:
 # accumulators (LayerNorm's dw and db), `_row_norm_dwdb_kernel` swaps the loops
 # (each program owns a block of columns and walks the rows), at the price of
 # reading x and dy a second time from DRAM. Where its programs walk all the
-# rows (one row slice), their sums are dw itself: no scratch, no second launch.
+# rows (one row slice), their sums are dw itself: no scratch, no reduction launch.
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
