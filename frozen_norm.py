@@ -568,10 +568,8 @@ def _sum_targets(rows: int, dw: Optional[torch.Tensor], db: Optional[torch.Tenso
     """
     if rows == 1:
         return dw, db
-
-    def partial(out):
-        return None if out is None else torch.empty((rows, out.numel()), dtype=torch.float32, device=out.device)
-    return partial(dw), partial(db)
+    return tuple(None if out is None else torch.empty((rows, out.numel()), dtype=torch.float32, device=out.device)
+                 for out in (dw, db))
 
 
 def _reduce_partials(*pairs) -> None:
