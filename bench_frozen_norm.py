@@ -14,8 +14,11 @@ Bandwidth comes from a byte count (`bytes_moved`) and is compared with a
 device-to-device copy timed in the same run. Times are medians of
 triton.testing.do_bench, which flushes L2 before each call. Below a few
 hundred MiB those times measure the host (Python, autograd, launches) as much
-as the GPU; --kernel-time adds the sum of the CUDA kernel durations of a call
-(torch.profiler, CUPTI), which leaves the host out.
+as the GPU. Two views leave the host out: the "graph ms" column replays
+forward + backward from a CUDA graph (as a training loop captured in CUDA
+graphs runs them: kernels and the gaps between them, no Python), and
+--kernel-time adds the sum of the CUDA kernel durations of a call
+(torch.profiler, CUPTI).
 
 Without a GPU it checks every op through Triton's CPU interpreter (in a child
 process), prints the scratch memory freezing saves at the benchmark's sizes,
@@ -177,6 +180,7 @@ class Row:
     fwd_pct_copy: float = float("nan")
     bwd_pct_copy: float = float("nan")
     bwd_extra_MiB: float = float("nan")
+    graph_ms: float = float("nan")        # forward + backward replayed from a CUDA graph
     fwd_kernel_us: float = float("nan")   # --kernel-time: CUDA kernel durations per call
     bwd_kernel_us: float = float("nan")
     fwd_kernel_pct_copy: float = float("nan")
@@ -214,6 +218,32 @@ def grads_wanted(d):
     return [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
+def graph_replay_ms(f, d, dys, rep):
+    """Forward + backward of f captured once in a CUDA graph, then the median
+    of its replays (do_bench, L2 flushed): the GPU's time for the call with
+    no host in it, as a training loop under CUDA graphs sees it. The leaves
+    are made afresh (autograd remembers the stream a leaf was first used on,
+    and the capture must not wait on another one), and the warm-up runs on a
+    side stream, as torch.cuda.graph's documentation asks."""
+    import triton.testing
+    d = {k: v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+    wanted = grads_wanted(d)
+
+    def step():
+        outs = f(d)
+        return torch.autograd.grad(outs if isinstance(outs, tuple) else (outs,), wanted, dys)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
+
+
 def measure(op, provider, size, dtype, mode, copy_GBps, rep, kernel_time=False):
     import triton.testing
     bench = lambda f: triton.testing.do_bench(f, rep=rep, return_mode="median")  # noqa: E731
@@ -234,6 +264,10 @@ def measure(op, provider, size, dtype, mode, copy_GBps, rep, kernel_time=False):
     del grads
     row.bwd_ms = bench(lambda: torch.autograd.grad(outs, wanted, dys, retain_graph=True))
     row.full_ms = bench(lambda: torch.autograd.grad(f(d), wanted, dys))
+    try:
+        row.graph_ms = graph_replay_ms(f, d, dys, rep)
+    except Exception as e:   # printed beside the row's other columns
+        row.note = f"no CUDA graph: {type(e).__name__}: {str(e).splitlines()[0][:60] if str(e) else ''}"
     fwd_bytes, bwd_bytes = bytes_moved(op, size, dtype.itemsize)
     row.fwd_GBps, row.bwd_GBps = fwd_bytes / row.fwd_ms / 1e6, bwd_bytes / row.bwd_ms / 1e6
     row.fwd_pct_copy, row.bwd_pct_copy = 100 * row.fwd_GBps / copy_GBps, 100 * row.bwd_GBps / copy_GBps
@@ -285,8 +319,15 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
                 return torch.autograd.grad(norm(x, w), [x] + trained, dy)
             t_block = triton.testing.do_bench(block, rep=rep, return_mode="median")
             t_norm = triton.testing.do_bench(norm_only, rep=rep, return_mode="median")
+
+            def block_out(d):   # the block for graph_replay_ms, on its fresh leaves
+                h = norm(d["x"], d["w"])
+                return F.linear(h, base) + F.linear(F.linear(h, d["A"]), d["B"])
+            g_block = graph_replay_ms(block_out, {"x": x, "w": w, "A": A, "B": B}, [dy], rep)
+            g_norm = graph_replay_ms(lambda d: norm(d["x"], d["w"]), {"x": x, "w": w}, [dy], rep)
             rows.append({"provider": provider, "mode": mode, "block_ms": t_block, "norm_ms": t_norm,
-                         "norm_share_pct": 100 * t_norm / t_block})
+                         "norm_share_pct": 100 * t_norm / t_block, "block_graph_ms": g_block,
+                         "norm_graph_ms": g_norm})
     return rows
 
 
@@ -658,7 +699,7 @@ def print_table(rows, dtype_name, copy_GBps):
         by_op.setdefault(r.op, []).append(r)
     for op, op_rows in by_op.items():
         print(f"\n== {OP_NAMES[op]} ({dtype_name}) " + "=" * 90)
-        print(f"{'size':18} {'provider':8} {'params':7} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
+        print(f"{'size':18} {'provider':8} {'params':7} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} {'graph ms':>8} "
               f"{'fwd GB/s':>9} {'%copy':>6} {'bwd GB/s':>9} {'%copy':>6} {'bwd MiB':>8} {'frozen x':>8}")
         for r in op_rows:
             speedup = ""
@@ -667,12 +708,13 @@ def print_table(rows, dtype_name, copy_GBps):
                 if twin and r.bwd_ms == r.bwd_ms:
                     speedup = f"{twin[0].bwd_ms / r.bwd_ms:.2f}"
             line = (f"{r.size:18} {r.provider:8} {r.mode:7} {fmt(r.fwd_ms, '8.4f')} {fmt(r.bwd_ms, '8.4f')} "
-                    f"{fmt(r.full_ms, '8.4f')} {fmt(r.fwd_GBps, '9.0f')} {fmt(r.fwd_pct_copy, '6.1f')} "
-                    f"{fmt(r.bwd_GBps, '9.0f')} {fmt(r.bwd_pct_copy, '6.1f')} {fmt(r.bwd_extra_MiB, '8.1f')} "
-                    f"{speedup:>8}")
+                    f"{fmt(r.full_ms, '8.4f')} {fmt(r.graph_ms, '8.4f')} {fmt(r.fwd_GBps, '9.0f')} "
+                    f"{fmt(r.fwd_pct_copy, '6.1f')} {fmt(r.bwd_GBps, '9.0f')} {fmt(r.bwd_pct_copy, '6.1f')} "
+                    f"{fmt(r.bwd_extra_MiB, '8.1f')} {speedup:>8}")
             print(line + (f"  {r.note}" if r.note else ""))
     print(f"\nBandwidth: bytes_moved() over the median time; %copy: of the {copy_GBps:.0f} GB/s device-to-device "
-          "copy measured in this run. 'frozen x': trainable bwd time / frozen bwd time.")
+          "copy measured in this run. 'frozen x': trainable bwd time / frozen bwd time. 'graph ms': forward + "
+          "backward replayed from a CUDA graph, the host left out (graph_replay_ms).")
 
 
 def print_kernel_table(rows, dtype_name, copy_GBps):
@@ -764,7 +806,8 @@ def run_on_gpu(args):
               "forward + backward:")
         for r in lora:
             print(f"  {r['provider']:6} norm weight {r['mode']:6}: block {r['block_ms']:.3f} ms, "
-                  f"norm alone {r['norm_ms']:.3f} ms ({r['norm_share_pct']:.1f}% of the block)")
+                  f"norm alone {r['norm_ms']:.3f} ms ({r['norm_share_pct']:.1f}% of the block); in a CUDA graph: "
+                  f"block {r['block_graph_ms']:.3f} ms, norm alone {r['norm_graph_ms']:.3f} ms")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": commit(), "dtype": args.dtype, "copy_GBps": copy_GBps}
     if csv_file:
