@@ -958,10 +958,13 @@ def _row_norm_bwd_kernel(
     w = 1.0   # a placeholder, unused without HAS_W
     if HAS_W:
         w = _load_scale(W, cols, N, OFFSET)
+    # The accumulators are tiles, summed over their rows once at the end: a
+    # sum over the rows of every tile would cross warps (a shared-memory
+    # round trip and a barrier per tile) when a tile holds several rows.
     if COMPUTE_DW:
-        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     if COMPUTE_DB:
-        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
@@ -985,13 +988,13 @@ def _row_norm_bwd_kernel(
             dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
             tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
-            dw_acc += tl.sum(dy * xhat, axis=0)
+            dw_acc += dy * xhat
         if COMPUTE_DB:
-            db_acc += tl.sum(dy, axis=0)
+            db_acc += dy
     if COMPUTE_DW:
-        tl.store(DWp + pid.to(tl.int64) * N + cols, dw_acc.to(DWp.dtype.element_ty), mask=cols < N)
+        tl.store(DWp + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
     if COMPUTE_DB:
-        tl.store(DBp + pid.to(tl.int64) * N + cols, db_acc.to(DBp.dtype.element_ty), mask=cols < N)
+        tl.store(DBp + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -1294,6 +1297,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # the accumulator beside one row's loads at a time): a persistent grid,
         # whose programs also accumulate dw/db when asked.
         g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=True)
+        if not trains and g.tiles_per_program < PIPELINE_STAGES:
+            g = _Grid(t.num_tiles, 1, 1)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
