@@ -222,11 +222,6 @@ THREADS_PER_SM = 512
 # while the current one computes, so a program keeps memory busy through its
 # reductions.
 PIPELINE_STAGES = 3
-# A backward with no dw/db to accumulate runs one program per tile, as the
-# forward does, unless the persistent grid would give each program more than
-# this many tiles: up to there, all tiles in flight at once beat a loop
-# (measured up to 16 tiles per program; NOTES.md, section 6).
-FROZEN_LOOP_AFTER = 16
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
@@ -636,10 +631,10 @@ def _reduce_partials(*pairs) -> None:
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
 # asks Triton to pipeline the loop: it issues the loads of the next STAGES - 1
 # tiles as asynchronous copies into shared memory (cp.async) before it computes
-# the current one, so one or two programs per SM keep memory busy. The frozen
-# backward runs on the same pipelined grid where it gives each program more
-# than FROZEN_LOOP_AFTER tiles; measured, it beat one program per tile there,
-# and lost to it with fewer tiles (NOTES.md, section 6).
+# the current one, so one or two programs per SM keep memory busy. A backward
+# with nothing to accumulate (w and b frozen) needs no loop: it runs one
+# program per tile, as the forward does, and the GPU keeps as many tiles in
+# flight as fit (measured faster than the pipelined loop, NOTES.md, section 6).
 #
 # What a frozen w removes: all of (2), i.e. the accumulator's registers, the
 # multiply-add per element, the (P x N) fp32 scratch and its writes, and the
@@ -932,8 +927,8 @@ def _row_norm_bwd_kernel(
     its rows into fp32 registers and writes one row of DWp / DBp.
 
     Grid: (P,), a persistent grid of about THREADS_PER_SM threads per SM (at
-    most one program per tile), or with neither COMPUTE_DW nor COMPUTE_DB and
-    few tiles per program one program per tile. Program p handles the [ROWS, BLOCK_N] tiles p,
+    most one program per tile); with neither COMPUTE_DW nor COMPUTE_DB, one
+    program per tile (tiles_per_program = 1, STAGES = 1). Program p handles the [ROWS, BLOCK_N] tiles p,
     p + P, p + 2P, ... (tiles_per_program of them) of whole rows (BLOCK_N >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
@@ -1263,12 +1258,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     (shaped as weight, bias), None where not asked. `bias` gives db its shape
     and dtype; the kernels do not read it.
 
-    Rows up to ROW_BLOCK_MAX: one kernel on a persistent grid of P = min(tiles,
-    SMs x THREADS_PER_SM / threads per program) programs (with no dw/db asked,
-    one program per tile unless P programs would loop over more than
-    FROZEN_LOOP_AFTER tiles each); with dw/db asked it
-    leaves one (P, N) fp32 buffer per trained parameter (264 rows on an H200 at
-    N = 4096: 4.3 MB). Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw,
+    Rows up to ROW_BLOCK_MAX: one kernel; with dw/db asked, on a persistent
+    grid of P = min(tiles, SMs x THREADS_PER_SM / threads per program)
+    programs, which leaves one (P, N) fp32 buffer per trained parameter (264
+    rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile. Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw,
     db asked: the same kernel with RELOAD, one row per tile (132 rows on an
     H200 at N = 16384: 8.7 MB), when x and dy are 16-bit and N and the row
     strides are multiples of 16 (else its loads would not vectorize). Longer
@@ -1305,11 +1298,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if t.one_pass:
         # Rows that fit in registers beside dw/db accumulators (with RELOAD:
         # the accumulator beside one row's loads at a time): a persistent grid,
-        # whose programs also accumulate dw/db when asked; with none asked,
-        # one program per tile unless that grid loops FROZEN_LOOP_AFTER tiles.
-        g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=True)
-        if not trains and g.tiles_per_program <= FROZEN_LOOP_AFTER:
-            g = _row_grid(t, 0, x.device, persistent=False)
+        # whose programs accumulate dw/db. With neither asked, one program
+        # per tile, as in the forward.
+        g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=trains)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)

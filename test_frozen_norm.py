@@ -793,21 +793,19 @@ def test_long_row_dw_slices(name, block_m, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
-@pytest.mark.parametrize("loop_after", [0, 16], ids=["loop", "per-tile"])
-def test_frozen_backward_grid(name, loop_after, monkeypatch):
-    """1031 rows of 33: 17 tiles of 64 rows, which the persistent grid (3
-    interpreter SMs, 2 programs each) deals to 6 programs, 3 tiles each. A
-    frozen backward loops over them through the pipeline when the programs
-    would get more than FROZEN_LOOP_AFTER tiles (0), else runs one program per
-    tile (16); a trained one always loops (it accumulates dw). Against float64."""
+def test_backward_grid(name):
+    """1031 rows of 33: 17 tiles of 64 rows. A trained backward deals them to
+    a persistent grid (3 interpreter SMs, 2 programs each: 6 programs, 3 tiles
+    each, through the pipeline), which accumulates dw; a frozen one runs one
+    program per tile. Both against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
-    monkeypatch.setattr(fn, "FROZEN_LOOP_AFTER", loop_after)
     frozen = VARIANTS[name]["all frozen" if name == "ln" else "frozen w"]
-    for want, grid in ((frozen, (6,) if loop_after == 0 else (17,)), (VARIANTS[name]["trainable"], (6,))):
-        launches = record_backward(name, (1031, 33), want, torch.float32, fn.INTERPRETER_SMS).launches
-        assert launches[0].name == "_row_norm_bwd_kernel" and launches[0].grid == grid
-    check_op(OPS[name], (1031, 33), torch.float32, ALL_FROZEN[name], _with_grads(name))
-    check_op(OPS[name], (1031, 33), torch.bfloat16, ALL_FROZEN[name], _with_grads(name))
+    for want, grid, tiles in ((frozen, (17,), 1), (VARIANTS[name]["trainable"], (6,), 3)):
+        launch = record_backward(name, (1031, 33), want, torch.float32, fn.INTERPRETER_SMS).launches[0]
+        assert launch.name == "_row_norm_bwd_kernel" and launch.grid == grid and launch.args[-1] == tiles
+    for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
+        check_op(OPS[name], (1031, 33), torch.float32, params, _with_grads(name))
+        check_op(OPS[name], (1031, 33), torch.bfloat16, params, _with_grads(name))
 
 
 def _outputs_and_grads(op, d):
