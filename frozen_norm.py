@@ -122,9 +122,10 @@ ROW_BLOCK_MAX = 8192
 TILE_ELEMENTS = 4096
 # Elements of each tensor a thread holds, which sets a program's warps. 32 where
 # a program reads one tile and exits (four 16-byte bf16 loads per tensor in
-# flight, and several programs per SM); 16 where a program loops over the tiles
-# of a persistent grid: more warps share the work of the one or two programs an
-# SM holds, and leave registers for accumulators.
+# flight, and several programs per SM); 16 in the row norms' backward, where a
+# program loops over the tiles of a persistent grid: more warps share the work
+# of the one or two programs an SM holds, and leave registers for accumulators
+# (the frozen backward, one program per tile, keeps that tiling, as measured).
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
 # Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
@@ -928,8 +929,9 @@ def _row_norm_bwd_kernel(
 
     Grid: (P,), a persistent grid of about THREADS_PER_SM threads per SM (at
     most one program per tile); with neither COMPUTE_DW nor COMPUTE_DB, one
-    program per tile (tiles_per_program = 1, STAGES = 1). Program p handles the [ROWS, BLOCK_N] tiles p,
-    p + P, p + 2P, ... (tiles_per_program of them) of whole rows (BLOCK_N >= N).
+    program per tile (tiles_per_program = 1, STAGES = 1). Program p handles
+    the [ROWS, BLOCK_N] tiles p, p + P, p + 2P, ... (tiles_per_program of
+    them) of whole rows (BLOCK_N >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
     Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous, or with
@@ -939,8 +941,8 @@ def _row_norm_bwd_kernel(
 
     Flags (each False removes code):
       COMPUTE_DX  the c1/c2 row reductions, the dx arithmetic and the DX stores.
-      COMPUTE_DW  the dy * xhat accumulator ([ROWS, BLOCK_N] fp32 registers), its
-                  multiply-adds and the DWp stores.
+      COMPUTE_DW  the dy * xhat accumulator ([ROWS, BLOCK_N] fp32 registers),
+                  its multiply-adds and the DWp stores.
       COMPUTE_DB  the dy accumulator and the DBp stores.
       CENTER      the mean, c2 and their subtractions (RMSNorm has neither).
       HAS_W       the load of w: g = dy when there is no weight.
@@ -1261,10 +1263,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     Rows up to ROW_BLOCK_MAX: one kernel; with dw/db asked, on a persistent
     grid of P = min(tiles, SMs x THREADS_PER_SM / threads per program)
     programs, which leaves one (P, N) fp32 buffer per trained parameter (264
-    rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile. Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw,
-    db asked: the same kernel with RELOAD, one row per tile (132 rows on an
-    H200 at N = 16384: 8.7 MB), when x and dy are 16-bit and N and the row
-    strides are multiples of 16 (else its loads would not vectorize). Longer
+    rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile.
+    Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
+    kernel with RELOAD, one row per tile (132 rows on an H200 at N = 16384:
+    8.7 MB), when x and dy are 16-bit and N and the row strides are
+    multiples of 16 (else its loads would not vectorize). Longer
     rows: dx from `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb`
     into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1;
     with S = 1 (P = 1 for the tile kernel) the kernel writes dw and db
