@@ -308,23 +308,21 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
     for provider, norm in norms.items():
         for mode in ("train", "frozen"):
             w = (torch.randn(H, device=device) + 1).to(dtype).requires_grad_(mode == "train")
-            trained = [w] if mode == "train" else []
 
-            def block():
-                h = norm(x, w)
-                y = F.linear(h, base) + F.linear(F.linear(h, A), B)
-                return torch.autograd.grad(y, [x, A, B] + trained, dy)
-
-            def norm_only():
-                return torch.autograd.grad(norm(x, w), [x] + trained, dy)
-            t_block = triton.testing.do_bench(block, rep=rep, return_mode="median")
-            t_norm = triton.testing.do_bench(norm_only, rep=rep, return_mode="median")
-
-            def block_out(d):   # the block for graph_replay_ms, on its fresh leaves
+            def block_out(d):   # on leaves d, as graph_replay_ms makes them afresh
                 h = norm(d["x"], d["w"])
                 return F.linear(h, base) + F.linear(F.linear(h, d["A"]), d["B"])
-            g_block = graph_replay_ms(block_out, {"x": x, "w": w, "A": A, "B": B}, [dy], rep)
-            g_norm = graph_replay_ms(lambda d: norm(d["x"], d["w"]), {"x": x, "w": w}, [dy], rep)
+
+            def norm_out(d):
+                return norm(d["x"], d["w"])
+            block_leaves, norm_leaves = {"x": x, "w": w, "A": A, "B": B}, {"x": x, "w": w}
+            block_wanted, norm_wanted = grads_wanted(block_leaves), grads_wanted(norm_leaves)
+            t_block = triton.testing.do_bench(lambda: torch.autograd.grad(block_out(block_leaves), block_wanted, dy),
+                                              rep=rep, return_mode="median")
+            t_norm = triton.testing.do_bench(lambda: torch.autograd.grad(norm_out(norm_leaves), norm_wanted, dy),
+                                             rep=rep, return_mode="median")
+            g_block = graph_replay_ms(block_out, block_leaves, [dy], rep)
+            g_norm = graph_replay_ms(norm_out, norm_leaves, [dy], rep)
             rows.append({"provider": provider, "mode": mode, "block_ms": t_block, "norm_ms": t_norm,
                          "norm_share_pct": 100 * t_norm / t_block, "block_graph_ms": g_block,
                          "norm_graph_ms": g_norm})

@@ -205,10 +205,11 @@ POLY_ROW_BLOCK_MAX = 16384
 POLY_BWD_MAX_REGISTERS = 128
 # PolyNorm's backward on tiles of at least this many rows (rows of up to 1024
 # elements) keeps its dw and db sums per tile row over a program's tiles, and
-# sums across rows once, after the loop: a tile's rows span warps, so a sum
-# across them per tile costs an exchange through shared memory and barriers.
-# Faster trained at rows of 256 to 1024; with 2 rows per tile the per-tile
-# sums measured faster (NOTES.md, section 6).
+# sums across rows once, after the loop, as the row norms' backward keeps its
+# accumulators as tiles: a tile's rows span warps, so a sum across them per
+# tile costs an exchange through shared memory and barriers. Faster trained at
+# rows of 256 to 1024; with 2 rows per tile PolyNorm's per-tile sums measured
+# faster (NOTES.md, section 6), where the row norms' tiles measured even.
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).

@@ -1144,7 +1144,8 @@ def test_cuda_graph_capture(name, mode):
         d = prepare(op, shape, torch.bfloat16, params, _with_grads(name), groups)
         leaves = [k for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
         outs = op.run(d)
-        dys = grad_outputs(outs if isinstance(outs, tuple) else (outs,))
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        dys = grad_outputs(outs)
 
         def step():
             o = op.run(d)
@@ -1167,7 +1168,7 @@ def test_cuda_graph_capture(name, mode):
                 t.copy_(torch.randn_like(t, dtype=torch.float32) + 0.5)
         graph.replay()
         plain = step()
-        assert len(captured) == len(plain) == len(outs if isinstance(outs, tuple) else (outs,)) + len(leaves)
+        assert len(captured) == len(plain) == len(outs) + len(leaves)
         for got, want in zip(captured, plain):
             assert torch.equal(got, want)
 
