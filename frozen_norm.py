@@ -120,12 +120,19 @@ ROW_BLOCK_MAX = 8192
 # Rows shorter than this many elements are batched into one tile, so that every
 # program moves enough bytes to amortise its launch and reductions.
 TILE_ELEMENTS = 4096
+# The same for the backward's tiles (the row norms' and PolyNorm's; the
+# persistent grid's, which the frozen per-tile grid keeps): half the forward's,
+# so that rows of 2048 and less make 4-warp programs, four to an SM, where
+# tiles of 4096 made two of 8 warps. Measured faster at rows of 256 to 2048,
+# trained and frozen, but for the row norms trained at 2048 x 2048 (NOTES.md,
+# section 6); the forward's tiles measured slower so.
+LOOP_TILE_ELEMENTS = 2048
 # Elements of each tensor a thread holds, which sets a program's warps. 32 where
 # a program reads one tile and exits (four 16-byte bf16 loads per tensor in
 # flight, and several programs per SM); 16 in the row norms' backward, where a
 # program loops over the tiles of a persistent grid: more warps share the work
-# of the one or two programs an SM holds, and leave registers for accumulators
-# (the frozen backward, one program per tile, keeps that tiling, as measured).
+# of the few programs an SM holds, and leave registers for accumulators (the
+# frozen backward, one program per tile, keeps that tiling, as measured).
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
 # Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
@@ -203,13 +210,14 @@ POLY_ROW_BLOCK_MAX = 16384
 # one program per SM, and the grid's second half runs after the first.
 # Longer rows take the long-row backward's cap (LONG_BWD_MAX_REGISTERS).
 POLY_BWD_MAX_REGISTERS = 128
-# PolyNorm's backward on tiles of at least this many rows (rows of up to 1024
+# PolyNorm's backward on tiles of at least this many rows (rows of up to 512
 # elements) keeps its dw and db sums per tile row over a program's tiles, and
 # sums across rows once, after the loop, as the row norms' backward keeps its
 # accumulators as tiles: a tile's rows span warps, so a sum across them per
 # tile costs an exchange through shared memory and barriers. Faster trained at
-# rows of 256 to 1024; with 2 rows per tile PolyNorm's per-tile sums measured
-# faster (NOTES.md, section 6), where the row norms' tiles measured even.
+# rows of 256 to 1024 in tiles of 4096 elements; with 2 rows per tile (rows of
+# 1024 now) PolyNorm's per-tile sums measured faster (NOTES.md, section 6),
+# where the row norms' tiles measured even.
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -354,11 +362,15 @@ class _RowTiling(NamedTuple):
 
 def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[int] = None,
                 elements_per_thread: Optional[int] = None) -> _RowTiling:
-    """Tiles for the row kernels: for one program per tile, or for a persistent
-    grid (LOOP_ELEMENTS_PER_THREAD, unless `elements_per_thread` is given); one
-    row per program beyond `block_max` (default ROW_BLOCK_MAX)."""
-    ept = elements_per_thread or (LOOP_ELEMENTS_PER_THREAD if persistent else ELEMENTS_PER_THREAD)
-    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, TILE_ELEMENTS, ept, LONG_CHUNK_MAX,
+    """Tiles for the row kernels: the forward's, for one program per tile, or
+    the backward's, for a persistent grid (LOOP_TILE_ELEMENTS and
+    LOOP_ELEMENTS_PER_THREAD, unless `elements_per_thread` is given); one row
+    per program beyond `block_max` (default ROW_BLOCK_MAX)."""
+    if persistent:
+        tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
+    else:
+        tile_elements, ept = TILE_ELEMENTS, elements_per_thread or ELEMENTS_PER_THREAD
+    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, LONG_CHUNK_MAX,
                               LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
 
 

@@ -492,17 +492,18 @@ def test_poly_backward_register_cap(N, kernel, cap):
         assert main.grid == (4,)
 
 
-@pytest.mark.parametrize("N, rows, row_accumulators", [(1024, 4, True), (300, 8, True), (2048, 2, False),
+@pytest.mark.parametrize("N, rows, row_accumulators", [(512, 4, True), (300, 4, True), (1024, 2, False),
                                                       (4096, 1, False)])
 def test_poly_backward_row_accumulators(N, rows, row_accumulators):
     """PolyNorm's tile backward keeps dw and db per tile row where a tile has
-    POLY_ROW_ACCUMULATOR_ROWS rows or more (the real limits); the freeze
-    sweep and test_shapes check the results of both kinds (tiles of 32 and
-    64 rows; of one or two rows at 7 and 2024 columns)."""
+    POLY_ROW_ACCUMULATOR_ROWS rows or more (the real limits), else sums each
+    tile's rows at once; both against float64 (the freeze sweep checks tiles
+    of 8 and 16 rows)."""
     from bench_frozen_norm import VARIANTS, record_backward
     launch = record_backward("poly", (64, N), VARIANTS["poly"]["trainable"]).launches[0]
     assert launch.constexprs["ROWS"] == rows
     assert launch.constexprs["ROW_ACCUMULATORS"] is row_accumulators
+    check_op(OPS["poly"], (64, N), torch.float32, ALL_TRAIN["poly"], _with_grads("poly"))
 
 
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
@@ -794,13 +795,15 @@ def test_long_row_dw_slices(name, block_m, monkeypatch):
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_backward_grid(name):
-    """1031 rows of 33: 17 tiles of 64 rows. A trained backward deals them to
-    a persistent grid (3 interpreter SMs, 2 programs each: 6 programs, 3 tiles
-    each, through the pipeline), which accumulates dw; a frozen one runs one
+    """1031 rows of 33: 33 tiles of 32 rows (LOOP_TILE_ELEMENTS = 2048, of 64
+    columns). A trained backward deals them to a persistent grid (3
+    interpreter SMs, 4 programs of 4 warps each: 12 programs, 3 tiles each,
+    through the pipeline), which accumulates dw; a frozen one runs one
     program per tile. Both against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
+    assert fn._row_tiling(1031, 33, persistent=True) == (32, 64, True, 4, 33)
     frozen = VARIANTS[name]["all frozen" if name == "ln" else "frozen w"]
-    for want, grid, tiles in ((frozen, (17,), 1), (VARIANTS[name]["trainable"], (6,), 3)):
+    for want, grid, tiles in ((frozen, (33,), 1), (VARIANTS[name]["trainable"], (12,), 3)):
         launch = record_backward(name, (1031, 33), want, torch.float32, fn.INTERPRETER_SMS).launches[0]
         assert launch.name == "_row_norm_bwd_kernel" and launch.grid == grid and launch.args[-1] == tiles
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
