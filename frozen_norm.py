@@ -397,10 +397,11 @@ class _Grid(NamedTuple):
     stages: int      # software-pipeline depth of a program's loop over its tiles
 
 
-def _row_grid(t: _RowTiling, bytes_per_element: int, device: torch.device, persistent: bool) -> _Grid:
+def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bool) -> _Grid:
     """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
     program looping over tiles through a software pipeline) or one program per
-    tile. `bytes_per_element`: the bytes the loop loads per element of a tile."""
+    tile. `loaded`: the tensors (or None) the loop loads a tile of, which set
+    the pipeline's depth."""
     if not persistent:
         return _Grid(t.num_tiles, 1, 1)
     per_sm = _programs_per_sm(t.num_warps)
@@ -408,7 +409,7 @@ def _row_grid(t: _RowTiling, bytes_per_element: int, device: torch.device, persi
     tiles_per_program = _cdiv(t.num_tiles, programs)
     stages = 1
     if t.one_pass and tiles_per_program > 1:
-        stages = _pipeline_stages(t.rows * t.block_n * bytes_per_element, per_sm, device)
+        stages = _pipeline_stages(t.rows * t.block_n * _element_bytes(*loaded), per_sm, device)
     return _Grid(programs, tiles_per_program, stages)
 
 
@@ -426,7 +427,7 @@ def _check_tensor(t, name: str, *, device: Optional[torch.device] = None) -> Non
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {t.dtype}{extra}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected the input's device {device}")
-    if device is None and t.device.type != "cuda" and not _interpreting():
+    if device is None and not t.is_cuda and not _interpreting():
         raise ValueError(
             f"{name} is on {t.device}, but the Triton kernels need a CUDA device. To run on the CPU "
             "(slowly, for testing), set TRITON_INTERPRET=1 before the first `import triton`.")
@@ -467,6 +468,13 @@ def _as_rows(t: torch.Tensor, N: int) -> tuple:
     if t.stride(1) != 1:
         t = t.contiguous()
     return t, t.shape[0], t.stride(0)
+
+
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of t's shape, dtype and device. torch.empty_like
+    parses fewer arguments than torch.empty(t.shape, dtype=..., device=...),
+    which saves host time on every output of every call (NOTES.md, section 6)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def _vector(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -1243,13 +1251,12 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     Returns y and s (or None) shaped as x, mean (or None) and rstd, (M,) fp32.
     y and s are allocated contiguous, so their row stride is N.
     """
-    shape = x.shape
+    y = _empty_like(x)
+    s = _empty_like(x) if residual is not None else None
     x, M, stride_x = _as_rows(x, N)
     stride_r = 0
     if residual is not None:
         residual, _, stride_r = _as_rows(residual, N)
-    y = torch.empty(shape, dtype=x.dtype, device=x.device)
-    s = torch.empty(shape, dtype=x.dtype, device=x.device) if residual is not None else None
     mean = torch.empty((M,), dtype=torch.float32, device=x.device) if center else None
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     if M == 0:
@@ -1288,17 +1295,16 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     H200 that is every row longer than 8384.
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
-    shape = x.shape
     M = rstd.shape[0]
     N = x.numel() // M if M else 1
+    dx = _empty_like(x) if compute_dx else None
+    dw = _empty_like(weight) if compute_dw else None
+    db = _empty_like(bias) if compute_db else None
     x, _, stride_x = _as_rows(x, N)
     dy, _, stride_dy = _as_rows(dy, N)
     stride_ds = 0
     if ds is not None:
         ds, _, stride_ds = _as_rows(ds, N)
-    dx = torch.empty(shape, dtype=x.dtype, device=x.device) if compute_dx else None
-    dw = torch.empty(weight.shape, dtype=weight.dtype, device=x.device) if compute_dw else None
-    db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if compute_db else None
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
@@ -1316,7 +1322,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # the accumulator beside one row's loads at a time): a persistent grid,
         # whose programs accumulate dw/db. With neither asked, one program
         # per tile, as in the forward.
-        g = _row_grid(t, _element_bytes(x, dy, ds), x.device, persistent=trains)
+        g = _row_grid(t, (x, dy, ds), x.device, persistent=trains)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
@@ -1914,7 +1920,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     HW = math.prod(x.shape[2:])
     x3 = x.contiguous()   # the kernels index it as (B, C, HW)
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x), x.device)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = _empty_like(x)
     stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
     if x3.numel() == 0:
         return y, stats
@@ -1965,8 +1971,8 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
     compute_dw = compute_dw and weight is not None
     bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if compute_dx else None
-    dw = torch.empty((C,), dtype=weight.dtype, device=x.device) if compute_dw else None
+    dx = _empty_like(x) if compute_dx else None
+    dw = _empty_like(weight) if compute_dw else None
     db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
@@ -2389,7 +2395,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     """Low-level forward: returns (y, rstd) with rstd (M, 3) fp32. No validation."""
     N = x.shape[-1]
     x2, M, stride_x = _as_rows(x, N)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # contiguous: row stride N
+    y = _empty_like(x)   # contiguous: row stride N
     rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, rstd
@@ -2417,9 +2423,9 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     """
     N = x.shape[-1]
     (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if compute_dx else None
-    dw = torch.empty((3,), dtype=weight.dtype, device=x.device) if compute_dw else None
-    db = torch.empty(bias.shape, dtype=bias.dtype, device=x.device) if compute_db else None
+    dx = _empty_like(x) if compute_dx else None
+    dw = _empty_like(weight) if compute_dw else None
+    db = _empty_like(bias) if compute_db else None
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
@@ -2430,7 +2436,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         # this kernel holds x, dy and the powers of x, too many registers for
         # several programs per SM to overlap. 16 elements per thread up to
         # ROW_BLOCK_MAX, 32 beyond (16 warps, not 32, for a row of 16384).
-        g = _row_grid(t, _element_bytes(x2, dy2), x.device, persistent=True)
+        g = _row_grid(t, (x2, dy2), x.device, persistent=True)
         partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
         _poly_norm_bwd_kernel[(g.programs,)](
             dy2, x2, _vector(weight), rstd, dx, partial,
