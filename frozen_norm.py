@@ -216,8 +216,8 @@ POLY_BWD_MAX_REGISTERS = 128
 # accumulators as tiles: a tile's rows span warps, so a sum across them per
 # tile costs an exchange through shared memory and barriers. Faster trained at
 # rows of 256 to 1024 in tiles of 4096 elements; with 2 rows per tile (rows of
-# 1024 now) PolyNorm's per-tile sums measured faster (NOTES.md, section 6),
-# where the row norms' tiles measured even.
+# 1024 in the backward's tiles of 2048) PolyNorm's per-tile sums measured
+# faster (NOTES.md, section 6), where the row norms' tiles measured even.
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
 # threads, the hardware limit).
@@ -2432,10 +2432,12 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     dx_stride = N if compute_dx else 0
     t = _row_tiling(M, N, persistent=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX)
     if t.one_pass:
-        # Tiled as the row norms' backward, but always on a persistent grid:
-        # this kernel holds x, dy and the powers of x, too many registers for
-        # several programs per SM to overlap. 16 elements per thread up to
-        # ROW_BLOCK_MAX, 32 beyond (16 warps, not 32, for a row of 16384).
+        # Tiled as the row norms' backward, but always on a persistent grid,
+        # frozen too: this kernel holds x, dy and the powers of x, too many
+        # registers for several programs per SM to overlap without the
+        # pipeline (one program per tile measured slower; NOTES.md, section
+        # 6). 16 elements per thread up to ROW_BLOCK_MAX, 32 beyond (16
+        # warps, not 32, for a row of 16384).
         g = _row_grid(t, (x2, dy2), x.device, persistent=True)
         partial = torch.empty((g.programs, 4), dtype=torch.float32, device=x.device) if trains else None
         _poly_norm_bwd_kernel[(g.programs,)](
