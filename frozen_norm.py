@@ -108,9 +108,9 @@ __all__ = [
 # Every tuning number lives here with the reason for its value. NOTES.md
 # (sections 2 and 6) gives the measurements behind them: ptxas register reports
 # for the row limits, kernel-time sweeps on an H200 for elements per thread,
-# threads per SM, pipeline depth, the long-row chunks, the dw/db tile and
-# GroupNorm's tile. The rest (TILE_ELEMENTS, the partial-sum tile) are first
-# choices.
+# threads per SM, pipeline depth, the backward's tiles, the long-row chunks,
+# the dw/db tile and GroupNorm's tile. The rest (TILE_ELEMENTS, the
+# partial-sum tile) are first choices.
 
 # Longest row (elements) a program holds in registers, in one tile: the forward
 # reads such a row once, the backward holds it beside its dw/db accumulators
@@ -206,8 +206,10 @@ POLY_ROW_BLOCK_MAX = 16384
 # Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
 # so that THREADS_PER_SM threads fit an SM's 64K registers and the programs the
 # persistent grid plans per SM run side by side. Left to itself, ptxas gives
-# its 8-warp tiles of 1024 elements 154 registers (dw, db trained; Triton 3.6),
-# one program per SM, and the grid's second half runs after the first.
+# its 4-warp tiles of 4 rows of 512 elements 140 registers (dw, db trained;
+# Triton 3.6): three programs per SM where the grid plans four. (The 8-warp
+# tiles of 4096 elements before LOOP_TILE_ELEMENTS took 154 at rows of 1024:
+# one program per SM, and the grid's second half ran after the first.)
 # Longer rows take the long-row backward's cap (LONG_BWD_MAX_REGISTERS).
 POLY_BWD_MAX_REGISTERS = 128
 # PolyNorm's backward on tiles of at least this many rows (rows of up to 512
@@ -653,7 +655,7 @@ def _reduce_partials(*pairs) -> None:
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
 # asks Triton to pipeline the loop: it issues the loads of the next STAGES - 1
 # tiles as asynchronous copies into shared memory (cp.async) before it computes
-# the current one, so one or two programs per SM keep memory busy. A backward
+# the current one, so the few programs an SM holds keep memory busy. A backward
 # with nothing to accumulate (w and b frozen) needs no loop: it runs one
 # program per tile, as the forward does, and the GPU keeps as many tiles in
 # flight as fit (measured faster than the pipelined loop, NOTES.md, section 6).
@@ -2417,9 +2419,9 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
 def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=True, compute_db=True):
     """Low-level backward: returns (dx, dw, db), None for what is not computed.
 
-    Scratch: with dw or db asked, one (P, 4) fp32 buffer (P: the persistent grid,
-    one or two programs per SM, at most one per tile), or (M, 4) for rows
-    longer than POLY_ROW_BLOCK_MAX (one program per row).
+    Scratch: with dw or db asked, one (P, 4) fp32 buffer (P: the persistent
+    grid, about THREADS_PER_SM threads per SM, at most one program per tile),
+    or (M, 4) for rows longer than POLY_ROW_BLOCK_MAX (one program per row).
     """
     N = x.shape[-1]
     (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
