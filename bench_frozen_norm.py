@@ -218,13 +218,30 @@ def grads_wanted(d):
     return [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
 
 
+def capture_graph(step, warmups=3):
+    """step() captured in a CUDA graph: (graph, what the captured step
+    returned, in the graph's memory). The warm-ups (which compile the
+    kernels) run on a side stream, as torch.cuda.graph's documentation asks.
+    Leaves that step() differentiates must be fresh (`detach().requires_grad_()`):
+    autograd remembers the stream a leaf was first used on, and the capture
+    must not wait on another one (pytorch/pytorch#164302)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    return graph, captured
+
+
 def graph_replay_ms(f, d, dys, rep):
-    """Forward + backward of f captured once in a CUDA graph, then the median
-    of its replays (do_bench, L2 flushed): the GPU's time for the call with
-    no host in it, as a training loop under CUDA graphs sees it. The leaves
-    are made afresh (autograd remembers the stream a leaf was first used on,
-    and the capture must not wait on another one), and the warm-up runs on a
-    side stream, as torch.cuda.graph's documentation asks."""
+    """Forward + backward of f captured once in a CUDA graph (on fresh leaves,
+    `capture_graph`), then the median of its replays (do_bench, L2 flushed):
+    the GPU's time for the call with no host in it, as a training loop under
+    CUDA graphs sees it."""
     import triton.testing
     d = {k: v.detach().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
     wanted = grads_wanted(d)
@@ -232,15 +249,7 @@ def graph_replay_ms(f, d, dys, rep):
     def step():
         outs = f(d)
         return torch.autograd.grad(outs if isinstance(outs, tuple) else (outs,), wanted, dys)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture_graph(step)
     return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
 
 
@@ -315,14 +324,14 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
 
             def norm_out(d):
                 return norm(d["x"], d["w"])
-            block_leaves, norm_leaves = {"x": x, "w": w, "A": A, "B": B}, {"x": x, "w": w}
-            block_wanted, norm_wanted = grads_wanted(block_leaves), grads_wanted(norm_leaves)
-            t_block = triton.testing.do_bench(lambda: torch.autograd.grad(block_out(block_leaves), block_wanted, dy),
-                                              rep=rep, return_mode="median")
-            t_norm = triton.testing.do_bench(lambda: torch.autograd.grad(norm_out(norm_leaves), norm_wanted, dy),
-                                             rep=rep, return_mode="median")
-            g_block = graph_replay_ms(block_out, block_leaves, [dy], rep)
-            g_norm = graph_replay_ms(norm_out, norm_leaves, [dy], rep)
+
+            def times(out, leaves):   # forward + backward: eager, then replayed from a CUDA graph
+                wanted = grads_wanted(leaves)
+                eager_ms = triton.testing.do_bench(lambda: torch.autograd.grad(out(leaves), wanted, dy),
+                                                   rep=rep, return_mode="median")
+                return eager_ms, graph_replay_ms(out, leaves, [dy], rep)
+            t_block, g_block = times(block_out, {"x": x, "w": w, "A": A, "B": B})
+            t_norm, g_norm = times(norm_out, {"x": x, "w": w})
             rows.append({"provider": provider, "mode": mode, "block_ms": t_block, "norm_ms": t_norm,
                          "norm_share_pct": 100 * t_norm / t_block, "block_graph_ms": g_block,
                          "norm_graph_ms": g_norm})

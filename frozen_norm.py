@@ -129,10 +129,11 @@ TILE_ELEMENTS = 4096
 LOOP_TILE_ELEMENTS = 2048
 # Elements of each tensor a thread holds, which sets a program's warps. 32 where
 # a program reads one tile and exits (four 16-byte bf16 loads per tensor in
-# flight, and several programs per SM); 16 in the row norms' backward, where a
-# program loops over the tiles of a persistent grid: more warps share the work
-# of the few programs an SM holds, and leave registers for accumulators (the
-# frozen backward, one program per tile, keeps that tiling, as measured).
+# flight, and several programs per SM); 16 in the backward (the row norms' and
+# PolyNorm's), where a program loops over the tiles of a persistent grid: more
+# warps share the work of the few programs an SM holds, and leave registers for
+# accumulators (the row norms' frozen backward, one program per tile, keeps
+# that tiling, as measured).
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
 # Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,

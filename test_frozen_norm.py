@@ -1141,6 +1141,7 @@ def test_cuda_graph_capture(name, mode):
     values: the bits of a plain call. Capture fails on a host synchronization
     or a launch outside the capturing stream, and replay would go wrong if a
     call kept host-side state from the captured call."""
+    from bench_frozen_norm import capture_graph
     op = OPS[name]
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     for shape, groups in GRAPH_SHAPES["gn" if name == "gn" else "row"]:
@@ -1155,17 +1156,8 @@ def test_cuda_graph_capture(name, mode):
             o = o if isinstance(o, tuple) else (o,)
             return list(o) + list(torch.autograd.grad(o, [d[k] for k in leaves], dys))
 
-        # Fresh leaves (autograd remembers the stream a leaf was first used on),
-        # warm-up on a side stream (compiles the kernels), then capture.
-        d.update({k: d[k].detach().requires_grad_() for k in leaves})
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = step()
+        d.update({k: d[k].detach().requires_grad_() for k in leaves})   # fresh leaves, as capture_graph asks
+        graph, captured = capture_graph(step, warmups=1)
         with torch.no_grad():
             for t in [d[k] for k in op.params + input_names(op) if d[k] is not None] + dys:
                 t.copy_(torch.randn_like(t, dtype=torch.float32) + 0.5)
