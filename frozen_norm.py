@@ -363,13 +363,15 @@ class _RowTiling(NamedTuple):
     num_tiles: int
 
 
-def _row_tiling(M: int, N: int, persistent: bool = False, block_max: Optional[int] = None,
+def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
                 elements_per_thread: Optional[int] = None) -> _RowTiling:
-    """Tiles for the row kernels: the forward's, for one program per tile, or
-    the backward's, for a persistent grid (LOOP_TILE_ELEMENTS and
-    LOOP_ELEMENTS_PER_THREAD, unless `elements_per_thread` is given); one row
-    per program beyond `block_max` (default ROW_BLOCK_MAX)."""
-    if persistent:
+    """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
+    ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
+    persistent grid loops over and its frozen per-tile grid keeps
+    (LOOP_TILE_ELEMENTS and LOOP_ELEMENTS_PER_THREAD); `elements_per_thread`
+    overrides either's. One row per program beyond `block_max` (default
+    ROW_BLOCK_MAX)."""
+    if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
         tile_elements, ept = TILE_ELEMENTS, elements_per_thread or ELEMENTS_PER_THREAD
@@ -1313,11 +1315,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     trains = compute_dw or compute_db
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
-    t = _row_tiling(M, N, persistent=True)
+    t = _row_tiling(M, N, backward=True)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and math.gcd(N, *strides) % 16 == 0 and max(x.element_size(), dy.element_size()) == 2)
     if reload:
-        t = _row_tiling(M, N, persistent=True, block_max=RELOAD_ROW_BLOCK_MAX,
+        t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
     dw_partial = db_partial = None
     if t.one_pass:
@@ -2433,7 +2435,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    t = _row_tiling(M, N, persistent=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX)
+    t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

@@ -801,7 +801,7 @@ def test_backward_grid(name):
     through the pipeline), which accumulates dw; a frozen one runs one
     program per tile. Both against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
-    assert fn._row_tiling(1031, 33, persistent=True) == (32, 64, True, 4, 33)
+    assert fn._row_tiling(1031, 33, backward=True) == (32, 64, True, 4, 33)
     frozen = VARIANTS[name]["all frozen" if name == "ln" else "frozen w"]
     for want, grid, tiles in ((frozen, (33,), 1), (VARIANTS[name]["trainable"], (12,), 3)):
         launch = record_backward(name, (1031, 33), want, torch.float32, fn.INTERPRETER_SMS).launches[0]
