@@ -180,12 +180,13 @@ LONG_FWD_PRESUM_AFTER = 24576
 # alone): the tile kernel still holds the row's accumulator in registers if x
 # and dy do not stay there through the row reductions, so it loads them a
 # second time (RELOAD), from L1/L2, at 32 elements per thread (16 warps at
-# 16384, one program per SM; ptxas: 128 registers, no spill). That spares the
-# long-row path's dw/db kernel, which reads x and dy from DRAM again. Two
-# accumulators (LayerNorm's dw and db) spill and measured slower, and so did
-# 16 elements per thread, a software pipeline, and fp32 x and dy (twice the
-# registers per element) in some cases (NOTES.md, section 6): RELOAD is for
-# 16-bit x and dy.
+# 16384, one program per SM; ptxas, Triton 3.6: 128 registers, no spill for
+# RMSNorm, 12 bytes for LayerNorm's dw). That spares the long-row path's dw/db
+# kernel, which reads x and dy from DRAM again. Two accumulators (LayerNorm's
+# dw and db) spill and measured slower, and so did 16 or 64 elements per
+# thread (64: 255 registers and a spill), a software pipeline, and fp32 x and
+# dy (twice the registers per element) in some cases (NOTES.md, section 6):
+# RELOAD is for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
