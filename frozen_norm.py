@@ -180,12 +180,16 @@ LONG_FWD_PRESUM_AFTER = 24576
 # alone): the tile kernel still holds the row's accumulator in registers if x
 # and dy do not stay there through the row reductions, so it loads them a
 # second time (RELOAD), from L1/L2, at 32 elements per thread (16 warps at
-# 16384, one program per SM; ptxas, Triton 3.6: 128 registers, no spill for
-# RMSNorm, 12 bytes for LayerNorm's dw). That spares the long-row path's dw/db
-# kernel, which reads x and dy from DRAM again. Two accumulators (LayerNorm's
-# dw and db) spill and measured slower, and so did 16 or 64 elements per
-# thread (64: 255 registers and a spill), a software pipeline, and fp32 x and
-# dy (twice the registers per element) in some cases (NOTES.md, section 6):
+# 16384, one program per SM; ptxas, Triton 3.6: 128 registers). That spares
+# the long-row path's dw/db kernel, which reads x and dy from DRAM again. The
+# variants with the most live values, FusedAdd's with ds and LayerNorm's with
+# dw (x centred), spill holding w's 32 fp32 registers through the loop (22 and
+# 12 bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 10 and 0
+# bytes), which measured up to 6 points faster; the others, which do not
+# spill, measured 1 to 2 points slower so. Two accumulators (LayerNorm's dw
+# and db) spill and measured slower, and so did 16 or 64 elements per thread
+# (64: 255 registers and a spill), a software pipeline, and fp32 x and dy
+# (twice the registers per element) in some cases (NOTES.md, section 6):
 # RELOAD is for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
@@ -947,6 +951,7 @@ def _row_norm_bwd_kernel(
     OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
+    W_PER_TILE: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -983,13 +988,15 @@ def _row_norm_bwd_kernel(
                   the reductions; for rows too long to hold there beside the
                   dw accumulator (RELOAD_ROW_BLOCK_MAX). False removes the
                   second loads.
+      W_PER_TILE  True loads w for every tile (from L1/L2) instead of once
+                  per program: its BLOCK_N / (32 * num_warps) fp32 registers
+                  are free between tiles. False removes the per-tile loads.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
-    w = 1.0   # a placeholder, unused without HAS_W
-    if HAS_W:
-        w = _load_scale(W, cols, N, OFFSET)
+    if HAS_W and not W_PER_TILE:
+        w_held = _load_scale(W, cols, N, OFFSET)   # in registers through the loop
     # The accumulators are tiles, summed over their rows once at the end: a
     # sum over the rows of every tile would cross warps (a shared-memory
     # round trip and a barrier per tile) when a tile holds several rows.
@@ -1002,6 +1009,9 @@ def _row_norm_bwd_kernel(
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
         x_offs, mask = _tile(rows, cols, M, N, stride_x)
         dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+        w = 1.0   # a placeholder, unused without HAS_W
+        if HAS_W:
+            w = _load_scale(W, cols, N, OFFSET) if W_PER_TILE else w_held
         dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
                                       "evict_last" if RELOAD else "")
         if COMPUTE_DX:
@@ -1322,6 +1332,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if reload:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
+    # RELOAD's fullest variants load w per tile (see RELOAD_ROW_BLOCK_MAX).
+    w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
     dw_partial = db_partial = None
     if t.one_pass:
         # Rows that fit in registers beside dw/db accumulators (with RELOAD:
@@ -1336,7 +1348,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, num_warps=t.num_warps)
+            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, W_PER_TILE=w_per_tile,
+            num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.

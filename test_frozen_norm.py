@@ -363,6 +363,23 @@ def test_reload_is_chosen(name, want, N, reload, monkeypatch):
     assert _reload_of(name, N, want, want.pop("dtype", torch.bfloat16)) is reload
 
 
+@pytest.mark.parametrize("name, want, N, per_tile", [
+    ("rms", dict(dx=1, dw=1), 208, False), ("fadd", dict(dx=1, dw=1), 208, True),
+    ("ln", dict(dx=1, dw=1, db=0), 208, True), ("ln", dict(dx=1, dw=0, db=1), 208, False),
+    ("fadd", dict(dx=1, dw=1), 48, False),   # within ROW_BLOCK_MAX: no RELOAD, w held
+])
+def test_reload_w_per_tile(name, want, N, per_tile, monkeypatch):
+    """RELOAD's variants that spill holding w through the loop (FusedAdd's
+    with ds, LayerNorm's with dw) load it per tile (W_PER_TILE); every other
+    launch holds it. Their results: `test_reload_backward`."""
+    from bench_frozen_norm import record_backward
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+    launch = record_backward(name, (37, N), want).launches[0]
+    assert launch.name == "_row_norm_bwd_kernel"
+    assert (launch.constexprs["RELOAD"], launch.constexprs["W_PER_TILE"]) == (N > 64, per_tile)
+
+
 def test_reload_backward_real_limits():
     """RELOAD at the real limits: 16384 in a tile of 16 warps, 16400 in the
     long-row kernels; and RMSNorm's trainable backward run on a row of 9008
