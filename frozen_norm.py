@@ -183,9 +183,9 @@ LONG_FWD_PRESUM_AFTER = 24576
 # 16384, one program per SM; ptxas, Triton 3.6: 128 registers). That spares
 # the long-row path's dw/db kernel, which reads x and dy from DRAM again. The
 # variants with the most live values, FusedAdd's with ds and LayerNorm's with
-# dw (x centred), spill holding w's 32 fp32 registers through the loop (22 and
-# 12 bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 10 and 0
-# bytes), which measured up to 6 points faster; the others, which do not
+# dw (x centred), spill holding w's 32 fp32 registers through the loop (88 and
+# 48 bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 40 and 0
+# bytes), which measured up to 6.7 points faster; the others, which do not
 # spill, measured 1 to 2 points slower so. Two accumulators (LayerNorm's dw
 # and db) spill and measured slower, and so did 16 or 64 elements per thread
 # (64: 255 registers and a spill), a software pipeline, and fp32 x and dy
