@@ -186,10 +186,10 @@ LONG_FWD_PRESUM_AFTER = 24576
 # dw (x centred), spill holding w's 32 fp32 registers through the loop (88 and
 # 48 bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 40 and 0
 # bytes), which measured up to 6.7 points faster; the others, which do not
-# spill, measured 1 to 2 points slower so. Two accumulators (LayerNorm's dw
-# and db) spill and measured slower, and so did 16 or 64 elements per thread
-# (64: 255 registers and a spill), a software pipeline, and fp32 x and dy
-# (twice the registers per element) in some cases (NOTES.md, section 6):
+# spill, measured 0.9 to 2.6 points slower so. Two accumulators (LayerNorm's
+# dw and db) spill and measured slower, and so did 16 or 64 elements per
+# thread (64: 255 registers and a spill), a software pipeline, and fp32 x and
+# dy (twice the registers per element) in some cases (NOTES.md, section 6):
 # RELOAD is for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
@@ -1332,7 +1332,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if reload:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
-    # RELOAD's fullest variants load w per tile (see RELOAD_ROW_BLOCK_MAX).
+    # RELOAD's variants that spill holding w, FusedAdd's with ds and LayerNorm's
+    # with dw, load it per tile (see RELOAD_ROW_BLOCK_MAX).
     w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
     dw_partial = db_partial = None
     if t.one_pass:
