@@ -214,6 +214,11 @@ def kernel_time_us(f, calls=20):
     return sum(e.device_time_total for e in on_gpu) / calls
 
 
+def as_tuple(outs):
+    """An op's outputs as a tuple (FusedAddRMSNorm returns two, the others one)."""
+    return outs if isinstance(outs, tuple) else (outs,)
+
+
 def grads_wanted(d):
     return [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
 
@@ -248,7 +253,7 @@ def graph_replay_ms(f, d, dys, rep):
 
     def step():
         outs = f(d)
-        return torch.autograd.grad(outs if isinstance(outs, tuple) else (outs,), wanted, dys)
+        return torch.autograd.grad(as_tuple(outs), wanted, dys)
     graph, _ = capture_graph(step)
     return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
 
@@ -259,8 +264,7 @@ def measure(op, provider, size, dtype, mode, copy_GBps, rep, kernel_time=False):
     row = Row(op, provider, size_label(op, size), mode)
     d = make_inputs(op, size, dtype, "cuda", mode == "train")
     f = {"ours": ours, "eager": eager, "compile": compiled, "liger": liger}[provider](op)
-    outs = f(d)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = as_tuple(f(d))
     wanted = grads_wanted(d)
     dys = [torch.randn_like(o) for o in outs]
     row.fwd_ms = bench(lambda: f(d))
@@ -292,7 +296,7 @@ def validate(op, size, dtype):
     """Our output and gradients against eager, once per size, before timing."""
     d = make_inputs(op, size, dtype, "cuda", True)
     got, want = ours(op)(d), eager(op)(d)
-    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    got, want = as_tuple(got), as_tuple(want)
     dys = [torch.randn_like(o) for o in got]
     pairs = list(zip(got, want)) + list(zip(torch.autograd.grad(got, grads_wanted(d), dys),
                                             torch.autograd.grad(want, grads_wanted(d), dys)))
@@ -636,12 +640,10 @@ def interpreter_check():
         size = (2, 8, 5, 7, 4) if op == "gn" else (37, 300)
         for dtype in (torch.float32, torch.bfloat16):
             d = make_inputs(op, size, dtype, "cpu", True)
-            outs = ours(op)(d)
-            outs = outs if isinstance(outs, tuple) else (outs,)
+            outs = as_tuple(ours(op)(d))
             d64 = {k: (v.detach().double().requires_grad_() if isinstance(v, torch.Tensor) else v)
                    for k, v in d.items()}
-            refs = reference(op)(d64)
-            refs = refs if isinstance(refs, tuple) else (refs,)
+            refs = as_tuple(reference(op)(d64))
             dys = [torch.randn_like(o) for o in outs]
             got = list(outs) + list(torch.autograd.grad(outs, grads_wanted(d), dys))
             want = list(refs) + list(torch.autograd.grad(refs, grads_wanted(d64), [g.double() for g in dys]))

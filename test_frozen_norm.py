@@ -153,6 +153,11 @@ def prepare(op, shape, dtype, params, inputs, groups=None, param_dtype=None):
     return d
 
 
+def as_tuple(outs):
+    """An op's outputs as a tuple (FusedAddRMSNorm returns two, the others one)."""
+    return outs if isinstance(outs, tuple) else (outs,)
+
+
 def reference_of(op, d, **kw):
     """Float64 copies of the inputs and the reference outputs computed from them."""
     d64 = dict(d)
@@ -160,7 +165,7 @@ def reference_of(op, d, **kw):
         if isinstance(v, torch.Tensor):
             d64[k] = v.detach().to("cpu", torch.float64).requires_grad_(v.requires_grad)
     out = op.reference(d64, **kw)
-    return d64, (out if isinstance(out, tuple) else (out,))
+    return d64, as_tuple(out)
 
 
 def grad_outputs(outs):
@@ -173,8 +178,7 @@ def grad_outputs(outs):
 def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, **kw):
     """Forward and backward of one configuration against float64; returns the inputs used."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
-    outs = op.run(d, **kw)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = as_tuple(op.run(d, **kw))
     d64, refs = reference_of(op, d, **kw)
     tol = TOLERANCE[dtype]
     for out, ref in zip(outs, refs):
@@ -727,7 +731,7 @@ def backward_allocations(op, shape, groups, params, inputs):
     from bench_frozen_norm import Recording, recording
     d = prepare(op, shape, torch.float32, params, inputs, groups)
     outs = op.run(d)
-    outs = [o for o in (outs if isinstance(outs, tuple) else (outs,)) if o.requires_grad]
+    outs = [o for o in as_tuple(outs) if o.requires_grad]
     dys = grad_outputs(outs)
     wanted = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
     with recording(launch=True) as rec:
@@ -832,8 +836,7 @@ def _outputs_and_grads(op, d):
     """One forward and backward of `op` on inputs `d`: its outputs, then the
     gradients of every input that requires one (dy drawn from a fixed seed)."""
     wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-    outs = op.run(d)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = as_tuple(op.run(d))
     torch.manual_seed(2)
     return list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
 
@@ -921,8 +924,7 @@ def test_empty_batch(name):
     op = OPS[name]
     shape, groups = ((0, 6, 5), 3) if name == "gn" else ((0, 16), None)
     d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
-    outs = op.run(d)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = as_tuple(op.run(d))
     assert all(o.shape == d["x"].shape for o in outs)
     sum(o.sum() for o in outs).backward()
     assert d["x"].grad.shape == d["x"].shape
@@ -968,8 +970,7 @@ def test_non_contiguous(name, layout, row_block_max, monkeypatch):
         if layout != "expanded_dy":
             assert not view.is_contiguous()
         d[k] = view.requires_grad_()
-    outs = op.run(d)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = as_tuple(op.run(d))
     d64, refs = reference_of(op, d)
     for out, ref in zip(outs, refs):
         assert rel_error(out, ref) < 1e-5
@@ -1008,8 +1009,7 @@ def test_nan_stays_in_its_row(name):
     x[1, 0] = float("nan")
     x[2, 0] = float("inf")
     d["x"] = x.requires_grad_()
-    outs = op.run(d)
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    outs = as_tuple(op.run(d))
     sum((o * o).sum() for o in outs).backward()
     clean = [0] + list(range(3, shape[0]))
     if name == "gn":   # samples 1 and 2 hold the bad values in their first group (channels 0-1) only
@@ -1074,7 +1074,7 @@ def test_gradients_accumulate(name):
     first = None
     for _ in range(2):
         outs = op.run(d)
-        sum(o.pow(2).sum() for o in (outs if isinstance(outs, tuple) else (outs,))).backward()
+        sum(o.pow(2).sum() for o in as_tuple(outs)).backward()
         if first is None:
             first = {k: v.grad.clone() for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad}
     for k, g in first.items():
@@ -1087,7 +1087,7 @@ def test_double_backward_raises(name):
     shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
     d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
     outs = op.run(d)
-    loss = sum(o.pow(2).sum() for o in (outs if isinstance(outs, tuple) else (outs,)))
+    loss = sum(o.pow(2).sum() for o in as_tuple(outs))
     (gx,) = torch.autograd.grad(loss, [d["x"]], create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()
@@ -1164,13 +1164,11 @@ def test_cuda_graph_capture(name, mode):
     for shape, groups in GRAPH_SHAPES["gn" if name == "gn" else "row"]:
         d = prepare(op, shape, torch.bfloat16, params, _with_grads(name), groups)
         leaves = [k for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-        outs = op.run(d)
-        outs = outs if isinstance(outs, tuple) else (outs,)
+        outs = as_tuple(op.run(d))
         dys = grad_outputs(outs)
 
         def step():
-            o = op.run(d)
-            o = o if isinstance(o, tuple) else (o,)
+            o = as_tuple(op.run(d))
             return list(o) + list(torch.autograd.grad(o, [d[k] for k in leaves], dys))
 
         d.update({k: d[k].detach().requires_grad_() for k in leaves})   # fresh leaves, as capture_graph asks
