@@ -26,8 +26,10 @@ What you will learn by reading it
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
   compile-time constant, as torch.compile's generated kernels do.
+* How torch.compile can take such a module into one graph: each host-side
+  launcher registered as a torch custom op, with a fake (section 9).
 * How to compile a kernel for an NVIDIA GPU on a machine without one and look
-  at what the compiler removed (section 10).
+  at what the compiler removed (section 11).
 
 Contents (the section banners below)
 ------------------------------------
@@ -39,8 +41,9 @@ Contents (the section banners below)
  6. LayerNorm          (delta: centring and a bias)
  7. GroupNorm          (long rows: the long-row kernels, w per channel; else own kernels)
  8. PolyNorm           (own kernels: three statistics per row)
- 9. Swapping modules in place: replace_norms
-10. Seeing the dead code go: compiling for a GPU without one
+ 9. torch.compile: the launchers as custom ops
+10. Swapping modules in place: replace_norms
+11. Seeing the dead code go: compiling for a GPU without one
 
 Tested with torch 2.11 / Triton 3.6 (NVIDIA H200, compiled) and torch 2.14 /
 Triton 3.8 (CPU, through Triton's interpreter). NOTES.md has the figures.
@@ -48,8 +51,9 @@ Triton 3.8 (CPU, through Triton's interpreter). NOTES.md has the figures.
 Vendoring
 ---------
 Copy this one file into your code base. It imports only torch, triton and the
-standard library, and importing it has no side effects: no kernel is compiled
-and no environment variable is read or set until you call something.
+standard library. Importing it compiles no kernel and reads or sets no
+environment variable; what it does is register six custom ops with
+torch.library, in a namespace named after the module (section 9).
 To run it on a CPU (slowly, for tests), set ``TRITON_INTERPRET=1`` before the
 first ``import triton``.
 """
@@ -490,6 +494,22 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
 def _vector(p: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     """A parameter in contiguous memory, as the kernels index it flat (itself when it is)."""
     return p if p is None or p.is_contiguous() else p.contiguous()
+
+
+_CUSTOM_OPS = {}   # a launcher's name -> its torch custom op (section 9)
+
+
+def _launcher(f):
+    """Marks f as a launcher: the host code of a forward or a backward, which
+    allocates the outputs, plans the grid and launches the kernels. A call
+    runs f, except while torch.compile traces the caller: then it is f's
+    custom op, one opaque node of the compiled graph (section 9)."""
+    @functools.wraps(f)
+    def launch(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return _CUSTOM_OPS[f.__name__](*args, **kwargs)
+        return f(*args, **kwargs)
+    return launch
 
 
 # =============================================================================
@@ -1261,20 +1281,27 @@ def _row_norm_dwdb_kernel(
         tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
 
 
+def _row_norm_outputs(x, residual, center, N):
+    """What `_row_norm_forward` returns, allocated: y and s (or None) shaped as
+    x, contiguous (row stride N), mean (or None) and rstd, (M,) fp32."""
+    M = x.numel() // N
+    y = _empty_like(x)
+    s = _empty_like(x) if residual is not None else None
+    mean = torch.empty((M,), dtype=torch.float32, device=x.device) if center else None
+    return y, s, mean, torch.empty((M,), dtype=torch.float32, device=x.device)
+
+
+@_launcher
 def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     """Launches the row forward on the rows of N elements of x (and of residual).
 
-    Returns y and s (or None) shaped as x, mean (or None) and rstd, (M,) fp32.
-    y and s are allocated contiguous, so their row stride is N.
+    Returns y, s, mean, rstd (`_row_norm_outputs`).
     """
-    y = _empty_like(x)
-    s = _empty_like(x) if residual is not None else None
+    y, s, mean, rstd = _row_norm_outputs(x, residual, center, N)
     x, M, stride_x = _as_rows(x, N)
     stride_r = 0
     if residual is not None:
         residual, _, stride_r = _as_rows(residual, N)
-    mean = torch.empty((M,), dtype=torch.float32, device=x.device) if center else None
-    rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
     if M == 0:
         return y, s, mean, rstd
     t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX if residual is not None else None)
@@ -1291,10 +1318,17 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     return y, s, mean, rstd
 
 
+def _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db):
+    """A backward's outputs, allocated: dx, dw, db shaped as x, weight, bias
+    (contiguous), None where not asked."""
+    return (_empty_like(x) if compute_dx else None, _empty_like(weight) if compute_dw else None,
+            _empty_like(bias) if compute_db else None)
+
+
+@_launcher
 def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, compute_dw, compute_db):
-    """Launches the row backward on x's rows. Returns dx (shaped as x), dw, db
-    (shaped as weight, bias), None where not asked. `bias` gives db its shape
-    and dtype; the kernels do not read it.
+    """Launches the row backward on x's rows. Returns dx, dw, db (`_new_grads`).
+    `bias` gives db its shape and dtype; the kernels do not read it.
 
     Rows up to ROW_BLOCK_MAX: one kernel; with dw/db asked, on a persistent
     grid of P = min(tiles, SMs x THREADS_PER_SM / threads per program)
@@ -1313,9 +1347,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     """
     M = rstd.shape[0]
     N = x.numel() // M if M else 1
-    dx = _empty_like(x) if compute_dx else None
-    dw = _empty_like(weight) if compute_dw else None
-    db = _empty_like(bias) if compute_db else None
+    dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
     x, _, stride_x = _as_rows(x, N)
     dy, _, stride_dy = _as_rows(dy, N)
     stride_ds = 0
@@ -1431,7 +1463,6 @@ class _RMSNormFunction(torch.autograd.Function):
         return dx, None, dw, None, None
 
 
-@torch.compiler.disable
 def rms_norm(x, normalized_shape, weight=None, eps=None, *, offset=0.0):
     """RMSNorm as ``torch.nn.functional.rms_norm``: x / sqrt(mean(x^2) + eps) * (offset + w).
 
@@ -1528,7 +1559,6 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         return (dx if need_x else None), (dx if need_r else None), dw, None, None
 
 
-@torch.compiler.disable
 def fused_add_rms_norm(x, residual, weight=None, eps=1e-6, *, offset=0.0):
     """s = x + residual (rounded to x's dtype), y = rms_norm(s) * (offset + w). Returns (y, s)."""
     _check_tensor(x, "x")
@@ -1618,7 +1648,6 @@ class _LayerNormFunction(torch.autograd.Function):
         return dx, None, dw, db, None
 
 
-@torch.compiler.disable
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     """LayerNorm as ``torch.nn.functional.layer_norm``; dw, db only for parameters that require grad."""
     _check_tensor(x, "x")
@@ -1934,14 +1963,28 @@ def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict
                 PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, num_warps=t.num_warps)
 
 
+def _group_forward_tiling(x, num_groups) -> _GroupTiling:
+    """The forward's plan for x (its splits size the stats tensor)."""
+    B, C = x.shape[:2]
+    return _group_tiling(B, C, math.prod(x.shape[2:]), num_groups, _element_bytes(x), x.device)
+
+
+def _group_norm_outputs(x, num_groups, t: _GroupTiling):
+    """What `group_norm_forward` returns, allocated: y like x (contiguous), and
+    stats, (B * G, 2 + 2 S) fp32: mean, rstd, then S (mean, m2) pairs of the
+    splits of plan `t` (a scratch the backward reads S from)."""
+    stats = torch.empty((x.shape[0] * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
+    return _empty_like(x), stats
+
+
+@_launcher
 def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
-    """Low-level forward: returns (y, stats); stats is (B * G, 2 + 2 S) fp32 [mean, rstd, scratch]."""
+    """Low-level forward: returns (y, stats) (`_group_norm_outputs`)."""
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3 = x.contiguous()   # the kernels index it as (B, C, HW)
-    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x), x.device)
-    y = _empty_like(x)
-    stats = torch.empty((B * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
+    t = _group_forward_tiling(x, num_groups)
+    y, stats = _group_norm_outputs(x, num_groups, t)
     if x3.numel() == 0:
         return y, stats
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
@@ -1978,22 +2021,31 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     return y, stats
 
 
+def _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype):
+    """What `group_norm_backward` returns, allocated: dx like x, dw like weight
+    (none without one), db (C,) in `bias_dtype` (default: weight's dtype, else
+    x's); None where not asked."""
+    db = None
+    if compute_db:
+        bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
+        db = torch.empty((x.shape[1],), dtype=bias_dtype, device=x.device)
+    dw = _empty_like(weight) if compute_dw and weight is not None else None
+    return _empty_like(x) if compute_dx else None, dw, db
+
+
+@_launcher
 def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compute_dw=True, compute_db=True,
                         bias_dtype=None):
-    """Low-level backward: returns (dx, dw, db), None for what is not computed.
+    """Low-level backward: returns (dx, dw, db) (`_group_norm_grads`), None for what is not computed.
 
     Scratch: a (B, C) fp32 buffer per trained parameter, summed over B by one
-    launch. With w and b frozen, nothing but dx. db is written in `bias_dtype`
-    (default: weight's dtype, else x's).
+    launch. With w and b frozen, nothing but dx.
     """
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
     compute_dw = compute_dw and weight is not None
-    bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
-    dx = _empty_like(x) if compute_dx else None
-    dw = _empty_like(weight) if compute_dw else None
-    db = torch.empty((C,), dtype=bias_dtype, device=x.device) if compute_db else None
+    dx, dw, db = _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype)
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     dw_partial, db_partial = _sum_targets(B, dw, db)
@@ -2048,7 +2100,6 @@ class _GroupNormFunction(torch.autograd.Function):
         return dx, None, dw, db, None
 
 
-@torch.compiler.disable
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     """GroupNorm as ``torch.nn.functional.group_norm`` on x of shape (B, C, *spatial)."""
     _check_tensor(x, "x")
@@ -2411,12 +2462,18 @@ def _poly_norm_bwd_kernel(
                         tl.sum(acc_dy, axis=0), COMPUTE_DW, COMPUTE_DB)
 
 
+def _poly_norm_outputs(x):
+    """What `poly_norm_forward` returns, allocated: y like x (contiguous: row
+    stride N) and rstd, (M, 3) fp32."""
+    return _empty_like(x), torch.empty((x.numel() // x.shape[-1], 3), dtype=torch.float32, device=x.device)
+
+
+@_launcher
 def poly_norm_forward(x, weight, bias, eps=1e-6):
-    """Low-level forward: returns (y, rstd) with rstd (M, 3) fp32. No validation."""
+    """Low-level forward: returns (y, rstd) (`_poly_norm_outputs`). No validation."""
     N = x.shape[-1]
     x2, M, stride_x = _as_rows(x, N)
-    y = _empty_like(x)   # contiguous: row stride N
-    rstd = torch.empty((M, 3), dtype=torch.float32, device=x.device)
+    y, rstd = _poly_norm_outputs(x)
     if M == 0:
         return y, rstd
     # Short rows batched in tiles, one program per tile as in the row norms'
@@ -2434,6 +2491,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     return y, rstd
 
 
+@_launcher
 def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=True, compute_db=True):
     """Low-level backward: returns (dx, dw, db), None for what is not computed.
 
@@ -2443,9 +2501,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     """
     N = x.shape[-1]
     (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
-    dx = _empty_like(x) if compute_dx else None
-    dw = _empty_like(weight) if compute_dw else None
-    db = _empty_like(bias) if compute_db else None
+    dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
@@ -2495,7 +2551,6 @@ class _PolyNormFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
-@torch.compiler.disable
 def poly_norm(x, weight, bias, eps=1e-6):
     """PolyNorm: w[0] * norm(x^3) + w[1] * norm(x^2) + w[2] * norm(x) + b over the last dim.
 
@@ -2530,7 +2585,79 @@ class PolyNorm(torch.nn.Module):
 
 
 # =============================================================================
-# 9. Swapping modules in place: replace_norms
+# 9. torch.compile: the launchers as custom ops
+# =============================================================================
+#
+# torch.compile's front end, Dynamo, turns Python into a graph. It traces the
+# public functions' checks and the autograd Functions, backward included: the
+# backward reads ctx.needs_input_grad from the traced inputs, so a frozen
+# weight compiles to the frozen backward. What it does not trace is a
+# launcher's host code (plans from device queries, Triton's launcher), so each
+# launcher (`_launcher`) is also a torch custom op, which Dynamo puts in the
+# graph as one opaque node that runs the launcher at run time, as in eager
+# mode. A custom op needs a schema (the argument and result types) and a fake:
+# the launcher's outputs allocated, without launching anything, which is how
+# the compiler learns their shapes and dtypes. The fakes below are the
+# launchers' own allocation helpers. With no graph break at a norm,
+# torch.compile(mode="reduce-overhead") captures the whole step in CUDA
+# graphs, these kernels included, and its replays skip our host code.
+#
+# The ops are registered when this module is imported, in a namespace named
+# after it: torch.ops.frozen_norm, or torch.ops.pkg_frozen_norm when vendored
+# as pkg/frozen_norm.py.
+
+_OPS_NAMESPACE = __name__.replace(".", "_")
+_GRADS = "(Tensor?, Tensor?, Tensor?)"
+_LAUNCHER_OPS = [   # (launcher, schema, fake)
+    (_row_norm_forward,
+     "(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, float offset, bool center, int N)"
+     " -> (Tensor, Tensor?, Tensor?, Tensor)",
+     lambda x, residual, weight, bias, eps, offset, center, N: _row_norm_outputs(x, residual, center, N)),
+    (_row_norm_backward,
+     "(Tensor dy, Tensor x, Tensor? weight, Tensor? bias, Tensor? mean, Tensor rstd, Tensor? ds, float offset,"
+     " bool compute_dx, bool compute_dw, bool compute_db) -> " + _GRADS,
+     lambda dy, x, weight, bias, mean, rstd, ds, offset, *compute: _new_grads(x, weight, bias, *compute)),
+    (group_norm_forward,
+     "(Tensor x, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05) -> (Tensor, Tensor)",
+     lambda x, num_groups, weight=None, bias=None, eps=1e-5:
+         _group_norm_outputs(x, num_groups, _group_forward_tiling(x, num_groups))),
+    (group_norm_backward,
+     "(Tensor dy, Tensor x, int num_groups, Tensor? weight, Tensor stats, bool compute_dx=True,"
+     " bool compute_dw=True, bool compute_db=True, ScalarType? bias_dtype=None) -> " + _GRADS,
+     lambda dy, x, num_groups, weight, stats, compute_dx=True, compute_dw=True, compute_db=True, bias_dtype=None:
+         _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype)),
+    (poly_norm_forward,
+     "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor, Tensor)",
+     lambda x, weight, bias, eps=1e-6: _poly_norm_outputs(x)),
+    (poly_norm_backward,
+     "(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor rstd, bool compute_dx=True, bool compute_dw=True,"
+     " bool compute_db=True) -> " + _GRADS,
+     lambda dy, x, weight, bias, rstd, compute_dx=True, compute_dw=True, compute_db=True:
+         _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)),
+]
+
+
+def _register_custom_ops(library):
+    # torch.library's low-level registration: the launcher itself is the op's
+    # kernel on every device, with no autograd of its own (the autograd
+    # Functions above hold it). torch.library.custom_op would wrap each call
+    # in checks costing several microseconds more (NOTES.md, section 3).
+    for launcher, schema, fake in _LAUNCHER_OPS:
+        name = launcher.__name__.lstrip("_")
+        library.define(name + schema)
+        library.impl(name, launcher.__wrapped__, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{_OPS_NAMESPACE}::{name}", fake, lib=library)
+        _CUSTOM_OPS[launcher.__name__] = getattr(getattr(torch.ops, _OPS_NAMESPACE), name).default
+
+
+# The ops live as long as this Library object: reloading the module replaces
+# it, which removes the old registrations before the new ones are made.
+_LIBRARY = torch.library.Library(_OPS_NAMESPACE, "FRAGMENT")
+_register_custom_ops(_LIBRARY)
+
+
+# =============================================================================
+# 10. Swapping modules in place: replace_norms
 # =============================================================================
 
 def _probe_rms_offset(module, hidden: int, eps: float) -> Optional[float]:
@@ -2620,7 +2747,7 @@ def _equivalent_norm(m: torch.nn.Module) -> Optional[torch.nn.Module]:
 
 
 # =============================================================================
-# 10. Seeing the dead code go: compiling for a GPU without one
+# 11. Seeing the dead code go: compiling for a GPU without one
 # =============================================================================
 #
 # Triton can compile a kernel for a GPU that is not there: give it the argument
