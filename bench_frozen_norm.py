@@ -307,8 +307,12 @@ def validate(op, size, dtype):
         raise AssertionError(f"{op} {size}: relative difference to eager {worst:.2e} > {limit}")
 
 
-def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
-    """An RMSNorm feeding a LoRA linear: base weight frozen, rank-16 A and B trained."""
+def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda", compile_block=True):
+    """An RMSNorm feeding a LoRA linear: base weight frozen, rank-16 A and B
+    trained. The block is timed eagerly, replayed from a CUDA graph, and (with
+    `compile_block`) under torch.compile(mode="reduce-overhead"), which
+    compiles it as one graph with ours too (frozen_norm.py, section 9) and
+    replays it from CUDA graphs."""
     import triton.testing
     F = torch.nn.functional
     rows = []
@@ -329,16 +333,21 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda"):
             def norm_out(d):
                 return norm(d["x"], d["w"])
 
-            def times(out, leaves):   # forward + backward: eager, then replayed from a CUDA graph
+            def fwd_bwd_ms(out, leaves):
                 wanted = grads_wanted(leaves)
-                eager_ms = triton.testing.do_bench(lambda: torch.autograd.grad(out(leaves), wanted, dy),
-                                                   rep=rep, return_mode="median")
-                return eager_ms, graph_replay_ms(out, leaves, [dy], rep)
-            t_block, g_block = times(block_out, {"x": x, "w": w, "A": A, "B": B})
-            t_norm, g_norm = times(norm_out, {"x": x, "w": w})
-            rows.append({"provider": provider, "mode": mode, "block_ms": t_block, "norm_ms": t_norm,
-                         "norm_share_pct": 100 * t_norm / t_block, "block_graph_ms": g_block,
-                         "norm_graph_ms": g_norm})
+                return triton.testing.do_bench(lambda: torch.autograd.grad(out(leaves), wanted, dy),
+                                               rep=rep, return_mode="median")
+
+            block = {"x": x, "w": w, "A": A, "B": B}
+            row = {"provider": provider, "mode": mode, "block_ms": fwd_bwd_ms(block_out, block),
+                   "norm_ms": fwd_bwd_ms(norm_out, {"x": x, "w": w}),
+                   "block_graph_ms": graph_replay_ms(block_out, block, [dy], rep),
+                   "norm_graph_ms": graph_replay_ms(norm_out, {"x": x, "w": w}, [dy], rep)}
+            row["norm_share_pct"] = 100 * row["norm_ms"] / row["block_ms"]
+            if compile_block:
+                torch._dynamo.reset()
+                row["block_compiled_ms"] = fwd_bwd_ms(torch.compile(block_out, mode="reduce-overhead"), block)
+            rows.append(row)
     return rows
 
 
@@ -809,14 +818,16 @@ def run_on_gpu(args):
             print(f"  done {op} {size_label(op, size)}", file=sys.stderr, flush=True)
     print_table(rows, args.dtype, copy_GBps)
     print_kernel_table(rows, args.dtype, copy_GBps)
-    lora = [] if args.quick or "eager" not in providers else lora_case(dtype, rep)
+    lora = [] if args.quick or "eager" not in providers else lora_case(dtype, rep, compile_block=not args.no_compile)
     if lora:
         print("\nRMSNorm feeding a LoRA linear (8192 x 4096, base weight frozen, rank-16 A and B trained), "
               "forward + backward:")
         for r in lora:
+            compiled = r.get("block_compiled_ms")
+            compiled_ms = "" if compiled is None else f"; compiled (reduce-overhead) {compiled:.3f} ms"
             print(f"  {r['provider']:6} norm weight {r['mode']:6}: block {r['block_ms']:.3f} ms, "
                   f"norm alone {r['norm_ms']:.3f} ms ({r['norm_share_pct']:.1f}% of the block); in a CUDA graph: "
-                  f"block {r['block_graph_ms']:.3f} ms, norm alone {r['norm_graph_ms']:.3f} ms")
+                  f"block {r['block_graph_ms']:.3f} ms, norm alone {r['norm_graph_ms']:.3f} ms{compiled_ms}")
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "commit": commit(), "dtype": args.dtype, "copy_GBps": copy_GBps}
     if csv_file:
