@@ -2637,23 +2637,27 @@ _LAUNCHER_OPS = [   # (launcher, schema, fake)
 ]
 
 
-def _register_custom_ops(library):
+def _register_custom_ops():
     # torch.library's low-level registration: the launcher itself is the op's
     # kernel on every device, with no autograd of its own (the autograd
     # Functions above hold it). torch.library.custom_op would wrap each call
     # in checks costing several microseconds more (NOTES.md, section 3).
+    # Reloading the module (a notebook's autoreload) keeps the first import's
+    # ops: their launchers read this module's globals, which the reload
+    # updates. (Replacing the registrations instead crashed torch 2.11's
+    # torch.compile.)
+    ops = getattr(torch.ops, _OPS_NAMESPACE)
     for launcher, schema, fake in _LAUNCHER_OPS:
         name = launcher.__name__.lstrip("_")
-        library.define(name + schema)
-        library.impl(name, launcher.__wrapped__, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{_OPS_NAMESPACE}::{name}", fake, lib=library)
-        _CUSTOM_OPS[launcher.__name__] = getattr(getattr(torch.ops, _OPS_NAMESPACE), name).default
+        qualname = f"{_OPS_NAMESPACE}::{name}"
+        if not hasattr(ops, name):
+            torch.library.define(qualname, schema)
+            torch.library.impl(qualname, "CompositeExplicitAutograd", launcher.__wrapped__)
+            torch.library.register_fake(qualname, fake)
+        _CUSTOM_OPS[launcher.__name__] = getattr(ops, name).default
 
 
-# The ops live as long as this Library object: reloading the module replaces
-# it, which removes the old registrations before the new ones are made.
-_LIBRARY = torch.library.Library(_OPS_NAMESPACE, "FRAGMENT")
-_register_custom_ops(_LIBRARY)
+_register_custom_ops()
 
 
 # =============================================================================

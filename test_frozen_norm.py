@@ -1143,10 +1143,10 @@ def _compile_params(name, pattern):
     return (ALL_TRAIN if pattern == "train" else ALL_FROZEN)[name]
 
 
-def compiled_run(op):
+def compiled_run(op, dynamic=None):
     """op.run under torch.compile with fullgraph=True, which raises on a graph break."""
     torch._dynamo.reset()   # op.run is one code object for every test: start its cache afresh
-    return torch.compile(lambda d: op.run(d), backend=COMPILE_BACKEND, fullgraph=True)
+    return torch.compile(lambda d: op.run(d), backend=COMPILE_BACKEND, fullgraph=True, dynamic=dynamic)
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -1154,9 +1154,10 @@ def compiled_run(op):
 def test_torch_compile_one_graph(name, pattern):
     """Forward and backward of each op compiled as one graph: the bits of an
     eager call, outputs and gradients, and no gradient for a frozen
-    parameter; on two shapes (the second recompiles)."""
+    parameter; on two shapes (the second recompiles), and with symbolic
+    shapes (dynamic=True) for the mixed pattern."""
     op = OPS[name]
-    compiled = compiled_run(op)
+    compiled = compiled_run(op, dynamic=True if pattern == "mixed" else None)
     for shape, groups in COMPILE_SHAPES["gn" if name == "gn" else "row"]:
         d = prepare(op, shape, torch.float32, _compile_params(name, pattern), _with_grads(name), groups)
         leaves = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
@@ -1206,17 +1207,17 @@ def test_torch_compile_bad_input():
 def test_custom_ops_namespace_and_reload():
     """The ops are registered under the module's own name (a copy vendored as
     pkg/frozen_norm.py gets pkg_frozen_norm), and reloading the module (a
-    notebook's autoreload) replaces them instead of failing. In a child
+    notebook's autoreload) keeps them working, compiled too. In a child
     process, so that this one's module stays as it is."""
     assert fn._CUSTOM_OPS["_row_norm_forward"] is torch.ops.frozen_norm.row_norm_forward.default
     code = ("import importlib, frozen_norm, torch\n"
             "importlib.reload(frozen_norm)\n"
-            "x = torch.randn(3, 8, requires_grad=True)\n"
+            f"x = torch.randn(3, 8, device='{DEVICE}', requires_grad=True)\n"
             "f = torch.compile(lambda x: frozen_norm.rms_norm(x, (8,)), backend='aot_eager', fullgraph=True)\n"
             "f(x).sum().backward()\n"
             "assert torch.equal(f(x), frozen_norm.rms_norm(x, (8,))) and x.grad is not None\n")
     here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=here, env=dict(os.environ, TRITON_INTERPRET="1"))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=here, env=os.environ)   # TRITON_INTERPRET as here
 
 
 @gpu
