@@ -1153,9 +1153,9 @@ def compiled_run(op, dynamic=None):
 @pytest.mark.parametrize("pattern", COMPILE_PATTERNS)
 def test_torch_compile_one_graph(name, pattern):
     """Forward and backward of each op compiled as one graph: the bits of an
-    eager call, outputs and gradients, and no gradient for a frozen
-    parameter; on two shapes (the second recompiles), and with symbolic
-    shapes (dynamic=True) for the mixed pattern."""
+    eager call, outputs and the gradients of every input that requires one;
+    on two shapes (the second recompiles), and with symbolic shapes
+    (dynamic=True) for the mixed pattern."""
     op = OPS[name]
     compiled = compiled_run(op, dynamic=True if pattern == "mixed" else None)
     for shape, groups in COMPILE_SHAPES["gn" if name == "gn" else "row"]:
@@ -1168,8 +1168,6 @@ def test_torch_compile_one_graph(name, pattern):
         assert len(got) == len(eager) and len(got_grads) == len(want_grads) == len(leaves)
         for a, b in zip(list(got) + list(got_grads), list(eager) + list(want_grads)):
             assert torch.equal(a, b)
-        assert all(d[p] is None or d[p].requires_grad == (params == TRAIN)
-                   for p, params in _compile_params(name, pattern).items())
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -1198,10 +1196,12 @@ def test_torch_compile_frozen_backward(name):
 
 def test_torch_compile_bad_input():
     """Under torch.compile a bad argument raises the eager call's error, before any launch."""
+    from bench_frozen_norm import recording
     torch._dynamo.reset()
     x, w = randn(4, 8), randn(9)
-    with pytest.raises(ValueError, match="weight must have shape"):
+    with recording() as rec, pytest.raises(ValueError, match="weight must have shape"):
         torch.compile(lambda x, w: fn.rms_norm(x, (8,), w), backend=COMPILE_BACKEND)(x, w)
+    assert rec.launches == []
 
 
 def test_custom_ops_namespace_and_reload():
