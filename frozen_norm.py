@@ -2610,7 +2610,7 @@ _OPS_NAMESPACE = __name__.replace(".", "_")
 _GRADS = "(Tensor?, Tensor?, Tensor?)"
 _LAUNCHER_OPS = [   # (launcher, schema, fake)
     (_row_norm_forward,
-     "(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, float offset, bool center, int N)"
+     "(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, float eps, float offset, bool center, SymInt N)"
      " -> (Tensor, Tensor?, Tensor?, Tensor)",
      lambda x, residual, weight, bias, eps, offset, center, N: _row_norm_outputs(x, residual, center, N)),
     (_row_norm_backward,
