@@ -2044,8 +2044,8 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
-    compute_dw = compute_dw and weight is not None
     dx, dw, db = _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype)
+    compute_dw = dw is not None   # no dw without a weight
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     dw_partial, db_partial = _sum_targets(B, dw, db)
