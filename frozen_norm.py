@@ -19,6 +19,9 @@ What you will learn by reading it
   removes.
 * A deterministic weight-gradient reduction without atomics: per-program fp32
   partial sums in registers, then one small fixed-order sum.
+* How a tile's shape steers Triton's layout: rows loaded as lines of what
+  one warp reads, so that a row's reductions never leave its warp
+  (`_segment_tile`, PolyNorm).
 * A persistent grid whose loop over tiles Triton software-pipelines
   (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
   through shared memory, while the current tile is reduced).
@@ -213,6 +216,17 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # long-row kernel faster frozen, slower trained), so the tile keeps it.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
+# Bytes one warp loads side by side: 32 lanes of one 16-byte vector each. In a
+# [ROWS, BLOCK_N] tile Triton lays a row longer than that across several warps,
+# and every row reduction then crosses warps through shared memory and a
+# barrier. PolyNorm's tile kernels, which reduce each row three or four times,
+# instead load their tiles in lines of SEG = WARP_LOAD_BYTES / element size
+# elements (`_segment_tile`), so that all of a row sits in one warp and its
+# sums are register adds and shuffles. Measured faster where a tile holds at
+# least as many rows as warps (the forward's rows of 512 and 1024, the
+# backward's of 512); the row norms' forward, with one or two sums, measured
+# even, and keeps the plain tile (NOTES.md, section 6).
+WARP_LOAD_BYTES = 32 * 16
 # Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
 # so that THREADS_PER_SM threads fit an SM's 64K registers and the programs the
 # persistent grid plans per SM run side by side. Left to itself, ptxas gives
@@ -404,6 +418,19 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     return _RowTiling(rows, block_n, True, _warps_for(rows * block_n, elements_per_thread), _cdiv(M, rows))
 
 
+def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple) -> int:
+    """SEG of `_segment_tile` for tiles `t` of `tensors` (x first; None
+    skipped) of row `strides`: the elements of x a warp loads side by side
+    (WARP_LOAD_BYTES), or 32 (one a lane) where Triton cannot prove 16-byte
+    vectors (a row stride or an address not divisible by 16: its
+    specialisation), or BLOCK_N, the plain tile, when a tile has fewer rows
+    than warps."""
+    if t.rows % t.num_warps:
+        return t.block_n
+    aligned = all(s % 16 == 0 for s in strides) and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None)
+    return min(t.block_n, WARP_LOAD_BYTES // tensors[0].element_size() if aligned else 32)
+
+
 class _Grid(NamedTuple):
     """A launch over a _RowTiling's tiles: P programs, each taking every P-th tile."""
     programs: int
@@ -525,6 +552,51 @@ def _tile(rows, cols, M, N, stride):
     offsets = rows[:, None].to(tl.int64) * stride + cols[None, :]
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     return offsets, mask
+
+
+@triton.jit
+def _segment_tile(tile, M, N, stride, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
+    """Offsets and mask of tile `tile` (ROWS whole rows of a row-major (M, N)
+    tensor) as BLOCK_N / SEG * ROWS lines of SEG elements: line h * ROWS + r
+    holds row r's segment h, its columns h * SEG to h * SEG + SEG - 1.
+
+    Why: Triton lays a 2-D tile out by lines, each warp holding whole lines of
+    SEG (= what its lanes load side by side, WARP_LOAD_BYTES) and line i going
+    to warp i % num_warps; with ROWS a multiple of the warps, all segments of
+    a row are in one warp. `_by_row` then views the tile as [segment, row,
+    lane] without moving data, and `_row_sums` reduces a row in registers and
+    shuffles, with no exchange between warps. SEG = BLOCK_N is the plain
+    [ROWS, BLOCK_N] tile of `_tile`.
+    """
+    line = tl.arange(0, BLOCK_N // SEG * ROWS)
+    rows = tile * ROWS + line % ROWS
+    cols = (line // ROWS)[:, None] * SEG + tl.arange(0, SEG)[None, :]
+    return rows[:, None].to(tl.int64) * stride + cols, (rows < M)[:, None] & (cols < N)
+
+
+@triton.jit
+def _by_row(lines, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
+    """A `_segment_tile` tile as [BLOCK_N / SEG, ROWS, SEG]: [h, r] is row r's segment h."""
+    return tl.reshape(lines, [BLOCK_N // SEG, ROWS, SEG])
+
+
+@triton.jit
+def _as_lines(t, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
+    """The inverse of `_by_row`: back to the lines `_segment_tile` addresses."""
+    return tl.reshape(t, [BLOCK_N // SEG * ROWS, SEG])
+
+
+@triton.jit
+def _row_sums(t):
+    """Row sums of a `_by_row` tile: over a lane's segments, then across lanes."""
+    return tl.sum(tl.sum(t, axis=0), axis=1)
+
+
+@triton.jit
+def _per_row(r):
+    """A [ROWS] vector of `_row_sums` broadcast against a `_by_row` tile. The
+    expansions mirror the two sums, so the layout matches and no data moves."""
+    return tl.expand_dims(tl.expand_dims(r, 1), 0)
 
 
 @triton.jit
@@ -2162,14 +2234,6 @@ def _poly_weights(W):
 
 
 @triton.jit
-def _poly_moments(x):
-    """Row sums of x^2, x^4 and x^6 of a tile (the three RMS statistics)."""
-    x2 = x * x
-    x4 = x2 * x2
-    return tl.sum(x2, axis=1), tl.sum(x4, axis=1), tl.sum(x4 * x2, axis=1)
-
-
-@triton.jit
 def _poly_rstd(s1, s2, s3, N, eps):
     """r_k = 1 / sqrt(mean(x^(2k)) + eps) from the row sums s_k = sum(x^(2k))."""
     return 1.0 / tl.sqrt(s1 / N + eps), 1.0 / tl.sqrt(s2 / N + eps), 1.0 / tl.sqrt(s3 / N + eps)
@@ -2203,26 +2267,29 @@ def _poly_apply(x, r1, r2, r3, w0, w1, w2, bias):
 def _poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # X, Y: (M, N); W: (3,); B: (1,); Rstd: (M, 3) fp32
     M, N, stride_x, stride_y, eps,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr,
 ):
     """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b,
     for rows up to POLY_FWD_ROW_BLOCK_MAX (whole rows in a tile).
 
-    Grid: (cdiv(M, ROWS),), one [ROWS, BLOCK_N] tile of whole rows per program,
-    as `_row_norm_fwd_kernel`. Rstd receives (r1, r2, r3) per row.
+    Grid: (cdiv(M, ROWS),), one tile of ROWS whole rows per program, as
+    `_row_norm_fwd_kernel`, loaded in lines of SEG elements (`_segment_tile`:
+    a row's three sums stay within a warp). Rstd receives (r1, r2, r3) per row.
     Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
     """
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tile = tl.program_id(0)
     eps = tl.cast(eps, tl.float32)
     w0, w1, w2 = _poly_weights(W)
     bias = tl.load(B).to(tl.float32)
-    x_offs, mask = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_x)
-    x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-    s1, s2, s3 = _poly_moments(x)
-    r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
-    y_offs, _ = _tile(rows, tl.arange(0, BLOCK_N), M, N, stride_y)
-    tl.store(Y + y_offs, _poly_apply(x, r1[:, None], r2[:, None], r3[:, None], w0, w1, w2, bias)
-             .to(Y.dtype.element_ty), mask=mask)
+    x_offs, mask = _segment_tile(tile, M, N, stride_x, ROWS, BLOCK_N, SEG)
+    x = _by_row(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32), ROWS, BLOCK_N, SEG)
+    x2 = x * x
+    x4 = x2 * x2
+    r1, r2, r3 = _poly_rstd(_row_sums(x2), _row_sums(x4), _row_sums(x4 * x2), N, eps)
+    y = _poly_apply(x, _per_row(r1), _per_row(r2), _per_row(r3), w0, w1, w2, bias)
+    y_offs, _ = _segment_tile(tile, M, N, stride_y, ROWS, BLOCK_N, SEG)
+    tl.store(Y + y_offs, _as_lines(y, ROWS, BLOCK_N, SEG).to(Y.dtype.element_ty), mask=mask)
+    rows = tile * ROWS + tl.arange(0, ROWS)
     _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)
 
 
@@ -2299,16 +2366,18 @@ def _store_poly_partial(Partial, p, dw0, dw1, dw2, db, COMPUTE_DW: tl.constexpr,
 @triton.jit
 def _poly_row_sums(x, dy, r1, r2, r3, WITH_DY: tl.constexpr):
     """Row sums of dy * uhat_1, dy * uhat_2, dy * uhat_3, and with WITH_DY of dy
-    (else zeros, which the compiler drops with their uses).
+    (else zeros, which the compiler drops with their uses), for `_by_row`
+    tiles x and dy.
 
-    The three power sums are one `tl.reduce` over a triple, one exchange
-    between warps through shared memory instead of three: the kernel's PTX
-    has 5 barriers instead of 11 (frozen weights). dy's sum stays apart:
+    The three power sums are one `tl.reduce` over a triple (per axis, as
+    `_row_sums`): where a row spans warps (the plain tile, SEG = BLOCK_N),
+    one exchange between warps through shared memory instead of three: the
+    kernel's PTX has 5 barriers instead of 11 (frozen weights). dy's sum stays apart:
     folding it in too made the reduction hold four products at once, and the
     tiles of 12288 and 16384 spill when db trains (344 bytes of stack).
     """
-    sdy = tl.sum(dy, axis=1) if WITH_DY else tl.zeros_like(r1)
-    s1, s2, s3 = tl.reduce(_dy_powers(x, dy), 1, _add3)
+    sdy = _row_sums(dy) if WITH_DY else tl.zeros_like(r1)
+    s1, s2, s3 = tl.reduce(tl.reduce(_dy_powers(x, dy), 0, _add3), 1, _add3)
     return s1 * r1, s2 * r2, s3 * r3, sdy
 
 
@@ -2409,14 +2478,16 @@ def _poly_norm_bwd_kernel(
     DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3); Partial: (P, 4) fp32
     M, N, stride_dy, stride_x, stride_dx, tiles_per_program,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, ROW_ACCUMULATORS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
+    ROW_ACCUMULATORS: tl.constexpr,
 ):
     """PolyNorm backward of rows up to POLY_ROW_BLOCK_MAX: dx (see section 8),
     and per-program sums for dw and db.
 
-    Grid: (P,), program p takes tiles p, p + P, ... of [ROWS, BLOCK_N] whole
-    rows as `_row_norm_bwd_kernel`, through a software pipeline STAGES deep;
-    launched with at most POLY_BWD_MAX_REGISTERS registers per thread.
+    Grid: (P,), program p takes tiles p, p + P, ... of ROWS whole rows as
+    `_row_norm_bwd_kernel`, through a software pipeline STAGES deep; launched
+    with at most POLY_BWD_MAX_REGISTERS registers per thread. Tiles are
+    loaded in lines of SEG elements, as in `_poly_norm_fwd_kernel`.
     Partial row p receives (dw_0, dw_1, dw_2, db) summed over p's rows.
     Dtypes: DX is its own dtype; DY, X, W any float dtype; fp32 math.
 
@@ -2438,14 +2509,14 @@ def _poly_norm_bwd_kernel(
     acc_s2 = acc
     acc_s1 = acc
     acc_dy = acc
-    cols = tl.arange(0, BLOCK_N)
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
-        rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+        tile = pid + i * num_programs
+        rows = tile * ROWS + tl.arange(0, ROWS)
         r1, r2, r3 = _load_poly_stats(Rstd, rows, rows < M)
-        x_offs, mask = _tile(rows, cols, M, N, stride_x)
-        dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
-        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+        x_offs, mask = _segment_tile(tile, M, N, stride_x, ROWS, BLOCK_N, SEG)
+        dy_offs, _ = _segment_tile(tile, M, N, stride_dy, ROWS, BLOCK_N, SEG)
+        x = _by_row(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32), ROWS, BLOCK_N, SEG)
+        dy = _by_row(tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32), ROWS, BLOCK_N, SEG)
         s1, s2, s3, sdy = _poly_row_sums(x, dy, r1, r2, r3, COMPUTE_DB)
         if COMPUTE_DW:
             acc_s3 += s3 if ROW_ACCUMULATORS else tl.sum(s3, axis=0)
@@ -2454,10 +2525,10 @@ def _poly_norm_bwd_kernel(
         if COMPUTE_DB:
             acc_dy += sdy if ROW_ACCUMULATORS else tl.sum(sdy, axis=0)
         if COMPUTE_DX:
-            dx = _poly_dx(x, dy, r1[:, None], r2[:, None], r3[:, None],
-                          (s1 / N)[:, None], (s2 / N)[:, None], (s3 / N)[:, None], w0, w1, w2)
-            dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-            tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+            dx = _poly_dx(x, dy, _per_row(r1), _per_row(r2), _per_row(r3),
+                          _per_row(s1 / N), _per_row(s2 / N), _per_row(s3 / N), w0, w1, w2)
+            dx_offs, _ = _segment_tile(tile, M, N, stride_dx, ROWS, BLOCK_N, SEG)
+            tl.store(DX + dx_offs, _as_lines(dx, ROWS, BLOCK_N, SEG).to(DX.dtype.element_ty), mask=mask)
     _store_poly_partial(Partial, pid, tl.sum(acc_s3, axis=0), tl.sum(acc_s2, axis=0), tl.sum(acc_s1, axis=0),
                         tl.sum(acc_dy, axis=0), COMPUTE_DW, COMPUTE_DB)
 
@@ -2483,7 +2554,8 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
-                                             BLOCK_N=t.block_n, num_warps=t.num_warps)
+                                             BLOCK_N=t.block_n, SEG=_row_segment(t, (x2,), (stride_x, N)),
+                                             num_warps=t.num_warps)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
                                          PRESUM=_long_forward_presum(N, 3),
@@ -2520,7 +2592,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial,
             M, N, stride_dy, stride_x, dx_stride, g.tiles_per_program,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=g.stages, num_warps=t.num_warps,
+            ROWS=t.rows, BLOCK_N=t.block_n, SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride)),
+            STAGES=g.stages, num_warps=t.num_warps,
             ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS)
     else:
         # One row per program, the row norms' long-row plan; a row's sums are

@@ -433,6 +433,36 @@ def test_poly_forward_long_rows_past_1024():
     check_op(OPS["poly"], (3, N), torch.bfloat16, ALL_TRAIN["poly"], _with_grads("poly"))
 
 
+@pytest.mark.parametrize("M, N, dtype, misalign, seg_fwd, seg_bwd", [
+    (9, 496, torch.bfloat16, False, 256, 256),   # 16-byte vectors: lines of 256, the last one partly masked
+    (9, 784, torch.bfloat16, False, 256, 1024),  # the backward's tiles of 2 rows: the plain tile
+    (9, 512, torch.float32, False, 128, 128),
+    (9, 1000, torch.bfloat16, False, 32, 1024),  # row stride not divisible by 16: one element a lane
+    (9, 512, torch.bfloat16, True, 32, 32),      # x's address not 16-byte aligned
+    (2, 1024, torch.bfloat16, False, 1024, 1024),  # fewer rows than warps: the plain tile
+])
+def test_poly_segmented_tile(M, N, dtype, misalign, seg_fwd, seg_bwd):
+    """PolyNorm's tile kernels load rows in lines of SEG elements
+    (`_segment_tile`). The planner's SEG for each layout case, forward and
+    backward, and y and every gradient against the float64 reference."""
+    flat = randn(M * N + 1, dtype=dtype)
+    x = (flat[1:] if misalign else flat[:-1]).view(M, N).requires_grad_()
+    w, b = randn(3, dtype=dtype).requires_grad_(), randn(1, dtype=dtype).requires_grad_()
+    dy = randn(M, N, dtype=dtype)
+    forward = fn._row_tiling(M, N, block_max=fn.POLY_FWD_ROW_BLOCK_MAX)
+    backward = fn._row_tiling(M, N, backward=True, block_max=fn.POLY_ROW_BLOCK_MAX)
+    assert fn._row_segment(forward, (x,), (N, N)) == seg_fwd
+    assert fn._row_segment(backward, (x, dy), (N, N)) == seg_bwd
+    y = fn.poly_norm(x, w, b)
+    y.backward(dy)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    y64 = fn.poly_norm_reference(x64, w64, b64)
+    y64.backward(dy.double())
+    assert rel_error(y, y64) < TOLERANCE[dtype]
+    for t, t64 in ((x, x64), (w, w64), (b, b64)):
+        assert rel_error(t.grad, t64.grad) < 2 * TOLERANCE[dtype]
+
+
 def test_tiling_follows_warp_limits(monkeypatch):
     """The tiling cache is keyed on every constant it reads: a changed
     MIN_WARPS (the benchmark's --set) plans afresh, not from a stale entry."""
