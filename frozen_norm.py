@@ -872,12 +872,15 @@ def _row_norm_fwd_kernel(
     x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
     mean, m2 = _chunk_moments(x, mask, N, CENTER)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
-    y_offs, _ = _tile(rows, cols, M, N, stride_y)
-    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, OFFSET, HAS_W, HAS_B)
-    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
+    # The statistics before y: a [ROWS] store first moves the values through
+    # shared memory into a layout for the store (a barrier). Issued here, that
+    # wait overlaps y's arithmetic rather than ending the program.
     tl.store(Rstd + rows, rstd, mask=rows < M)
     if CENTER:
         tl.store(Mean + rows, mean, mask=rows < M)
+    y_offs, _ = _tile(rows, cols, M, N, stride_y)
+    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, OFFSET, HAS_W, HAS_B)
+    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -995,6 +998,9 @@ def _long_row_norm_fwd_kernel(
         tl.store(Rstd + stats, m2)
     else:
         rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        tl.store(Rstd + stats, rstd)
+        if CENTER:
+            tl.store(Mean + stats, mean)
         # Pass 2, last chunk first (the one most likely still in L2): y.
         if HW > 0:
             lanes = groups   # GroupNorm: w and b per group (`_affine_index`)
@@ -1007,9 +1013,6 @@ def _long_row_norm_fwd_kernel(
             index, n = _affine_index(cols, N, HW)
             y = _row_affine((x - mean) * rstd, W, B, index, n, OFFSET, HAS_W, HAS_B)
             tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
-        tl.store(Rstd + stats, rstd)
-        if CENTER:
-            tl.store(Mean + stats, mean)
 
 
 @triton.jit
@@ -2286,11 +2289,11 @@ def _poly_norm_fwd_kernel(
     x2 = x * x
     x4 = x2 * x2
     r1, r2, r3 = _poly_rstd(_row_sums(x2), _row_sums(x4), _row_sums(x4 * x2), N, eps)
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)   # before y, as in `_row_norm_fwd_kernel`
     y = _poly_apply(x, _per_row(r1), _per_row(r2), _per_row(r3), w0, w1, w2, bias)
     y_offs, _ = _segment_tile(tile, M, N, stride_y, ROWS, BLOCK_N, SEG)
     tl.store(Y + y_offs, _as_lines(y, ROWS, BLOCK_N, SEG).to(Y.dtype.element_ty), mask=mask)
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)
 
 
 @triton.jit
@@ -2329,12 +2332,12 @@ def _long_poly_norm_fwd_kernel(
         s2_v += tl.sum(x4, axis=1)
         s3_v += tl.sum(x4 * x2, axis=1)
     r1, r2, r3 = _poly_rstd(tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), N, eps)
+    _store_poly_stats(Rstd, row, True, r1, r2, r3)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
     for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
         cols = (last - k) + lanes
         x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(Y + cols, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=cols < N)
-    _store_poly_stats(Rstd, row, True, r1, r2, r3)
 
 
 @triton.jit
