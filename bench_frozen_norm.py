@@ -760,13 +760,19 @@ def parse_sizes(text):
 
 
 def commit():
-    if os.environ.get("BENCH_COMMIT"):   # a copy of the tree without its git history
+    """The commit whose code runs, for the report: BENCH_COMMIT when set (a copy
+    of the tree without its git history), else git's HEAD, marked when tracked
+    files differ from it (a copy of a newer tree over an old checkout)."""
+    if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+        head = git("rev-parse", "--short", "HEAD")
+        changed = head and git("status", "--porcelain", "--untracked-files=no")
     except OSError:
         return "unknown"
+    return (head + " with uncommitted changes" if changed else head) or "unknown"
 
 
 def run_on_gpu(args):
