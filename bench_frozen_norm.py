@@ -769,10 +769,12 @@ def commit():
                                     cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     try:
         head = git("rev-parse", "--short", "HEAD")
-        changed = head and git("status", "--porcelain", "--untracked-files=no")
+        if not head:
+            return "unknown"
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except OSError:
         return "unknown"
-    return (head + " with uncommitted changes" if changed else head) or "unknown"
+    return f"{head} with uncommitted changes" if changed else head
 
 
 def run_on_gpu(args):

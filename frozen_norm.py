@@ -419,16 +419,22 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     return _RowTiling(rows, block_n, True, _warps_for(rows * block_n, elements_per_thread), _cdiv(M, rows))
 
 
+def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
+    """Whether Triton can prove 16-byte vector loads on rows of these `strides`
+    (and at these tensors' addresses; None skipped): its launcher specialises
+    integers and pointers on divisibility by 16."""
+    return all(s % 16 == 0 for s in strides) and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None)
+
+
 def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple) -> int:
     """SEG of `_segment_tile` for tiles `t` of `tensors` (x first; None
     skipped) of row `strides`: the elements of x a warp loads side by side
-    (WARP_LOAD_BYTES), or 32 (one a lane) where Triton cannot prove 16-byte
-    vectors (a row stride or an address not divisible by 16: its
-    specialisation), or BLOCK_N, the plain tile, when a tile has fewer rows
-    than warps."""
+    (WARP_LOAD_BYTES), or 32 (one a lane) without 16-byte vectors
+    (`_vector_aligned`), or BLOCK_N, the plain tile, when a tile has fewer
+    rows than warps."""
     if t.rows % t.num_warps:
         return t.block_n
-    aligned = all(s % 16 == 0 for s in strides) and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None)
+    aligned = _vector_aligned(strides, tensors)
     return min(t.block_n, WARP_LOAD_BYTES // tensors[0].element_size() if aligned else 32)
 
 
@@ -1436,7 +1442,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
     t = _row_tiling(M, N, backward=True)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
-              and math.gcd(N, *strides) % 16 == 0 and max(x.element_size(), dy.element_size()) == 2)
+              and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
