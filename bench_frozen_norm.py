@@ -463,7 +463,7 @@ def record_backward(op, size, want, dtype=torch.bfloat16, num_sms=H200_SMS):
         x, dy, w = torch.empty(B, C, H, W, **meta), torch.empty(B, C, H, W, **meta), torch.empty(C, **meta)
         with recording(num_sms):   # the forward sizes the statistics tensor
             _, stats = fn.group_norm_forward(x, G, w, w)
-        call = lambda: fn.group_norm_backward(dy, x, G, w, stats, *flags)  # noqa: E731
+        call = lambda: fn.group_norm_backward(dy, x, G, w, w, stats, *flags)  # noqa: E731
     else:
         M, N = size
         x, dy, ds = (torch.empty(M, N, **meta) for _ in range(3))

@@ -2103,22 +2103,11 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     return y, stats
 
 
-def _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype):
-    """What `group_norm_backward` returns, allocated: dx like x, dw like weight
-    (none without one), db (C,) in `bias_dtype` (default: weight's dtype, else
-    x's); None where not asked."""
-    db = None
-    if compute_db:
-        bias_dtype = bias_dtype or (weight.dtype if weight is not None else x.dtype)
-        db = torch.empty((x.shape[1],), dtype=bias_dtype, device=x.device)
-    dw = _empty_like(weight) if compute_dw and weight is not None else None
-    return _empty_like(x) if compute_dx else None, dw, db
-
-
 @_launcher
-def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compute_dw=True, compute_db=True,
-                        bias_dtype=None):
-    """Low-level backward: returns (dx, dw, db) (`_group_norm_grads`), None for what is not computed.
+def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True, compute_dw=True, compute_db=True):
+    """Low-level backward: returns (dx, dw, db) (`_new_grads`), None for what is
+    not computed or has no parameter. `bias` gives db its shape and dtype; the
+    kernels do not read it.
 
     Scratch: a (B, C) fp32 buffer per trained parameter, summed over B by one
     launch. With w and b frozen, nothing but dx.
@@ -2126,8 +2115,8 @@ def group_norm_backward(dy, x, num_groups, weight, stats, compute_dx=True, compu
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
-    dx, dw, db = _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype)
-    compute_dw = dw is not None   # no dw without a weight
+    compute_dw, compute_db = compute_dw and weight is not None, compute_db and bias is not None
+    dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     dw_partial, db_partial = _sum_targets(B, dw, db)
@@ -2167,18 +2156,16 @@ class _GroupNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, num_groups, weight, bias, eps):
         y, stats = group_norm_forward(x, num_groups, weight, bias, eps)
-        ctx.save_for_backward(x, weight, stats)
+        ctx.save_for_backward(x, weight, bias, stats)
         ctx.num_groups = num_groups
-        ctx.bias_dtype = None if bias is None else bias.dtype
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
-        x, weight, stats = ctx.saved_tensors
+        x, weight, bias, stats = ctx.saved_tensors
         need = ctx.needs_input_grad
-        dx, dw, db = group_norm_backward(dy, x, ctx.num_groups, weight, stats, need[0], need[2], need[3],
-                                         bias_dtype=ctx.bias_dtype)
+        dx, dw, db = group_norm_backward(dy, x, ctx.num_groups, weight, bias, stats, need[0], need[2], need[3])
         return dx, None, dw, db, None
 
 
@@ -2705,10 +2692,10 @@ _LAUNCHER_OPS = [   # (launcher, schema, fake)
      lambda x, num_groups, weight=None, bias=None, eps=1e-5:
          _group_norm_outputs(x, num_groups, _group_forward_tiling(x, num_groups))),
     (group_norm_backward,
-     "(Tensor dy, Tensor x, int num_groups, Tensor? weight, Tensor stats, bool compute_dx=True,"
-     " bool compute_dw=True, bool compute_db=True, ScalarType? bias_dtype=None) -> " + _GRADS,
-     lambda dy, x, num_groups, weight, stats, compute_dx=True, compute_dw=True, compute_db=True, bias_dtype=None:
-         _group_norm_grads(x, weight, compute_dx, compute_dw, compute_db, bias_dtype)),
+     "(Tensor dy, Tensor x, int num_groups, Tensor? weight, Tensor? bias, Tensor stats, bool compute_dx=True,"
+     " bool compute_dw=True, bool compute_db=True) -> " + _GRADS,
+     lambda dy, x, num_groups, weight, bias, stats, compute_dx=True, compute_dw=True, compute_db=True:
+         _new_grads(x, weight, bias, compute_dx, compute_dw and weight is not None, compute_db and bias is not None)),
     (poly_norm_forward,
      "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor, Tensor)",
      lambda x, weight, bias, eps=1e-6: _poly_norm_outputs(x)),

@@ -694,6 +694,24 @@ def test_group_norm_long_rows_plan():
     assert plan(rows, hw + 4) is not None
 
 
+def test_group_norm_backward_low_level():
+    """The low-level backward, as the row norms': db takes bias's shape and
+    dtype (here fp32 beside bf16 x and w), and a gradient not asked for, or
+    without its parameter, is None."""
+    x, dy = randn(2, 6, 5, 7, dtype=torch.bfloat16, shift=1.0), randn(2, 6, 5, 7, dtype=torch.bfloat16, shift=0.1)
+    w, b = randn(6, dtype=torch.bfloat16, shift=1.0), randn(6)
+    _, stats = fn.group_norm_forward(x, 3, w, b)
+    dx, dw, db = fn.group_norm_backward(dy, x, 3, w, b, stats)
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, b))
+    fn.group_norm_reference(x64, 3, w64, b64).backward(dy.double().cpu())
+    assert db.dtype == torch.float32 and dw.dtype == dx.dtype == torch.bfloat16
+    for out, ref in ((dx, x64.grad), (dw, w64.grad), (db, b64.grad)):
+        assert rel_error(out, ref) < 2 * TOLERANCE[torch.bfloat16]
+    dx2, dw2, db2 = fn.group_norm_backward(dy, x, 3, w, None, stats)
+    assert db2 is None and torch.equal(dx2, dx) and torch.equal(dw2, dw)
+    assert fn.group_norm_backward(dy, x, 3, None, b, stats, compute_dx=False)[:2] == (None, None)
+
+
 def test_group_norm_split_statistics_plan():
     """With fewer (sample, group) rows than SMs, each row is split over
     programs by channels. Equal splits of more than ROW_BLOCK_MAX elements take
