@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import zlib
@@ -175,9 +176,13 @@ def grad_outputs(outs):
     return [randn(*o.shape, dtype=o.dtype, shift=0.1) for o in outs]
 
 
-def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, **kw):
-    """Forward and backward of one configuration against float64; returns the inputs used."""
+def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, layout=None, **kw):
+    """Forward and backward of one configuration against float64; returns the
+    inputs used. `layout`, if given, makes each input a differently laid out
+    tensor of the same values (`LAYOUTS`)."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
+    for k in input_names(op) if layout is not None else ():
+        d[k] = layout(d[k].detach()).requires_grad_(inputs[k])
     outs = as_tuple(op.run(d, **kw))
     d64, refs = reference_of(op, d, **kw)
     tol = TOLERANCE[dtype]
@@ -1364,6 +1369,62 @@ def test_more_than_2_31_elements():
         assert rel_error(xg.grad[rows], x64.grad) < 2e-2
     assert torch.isfinite(w.grad).all()
     del x, y, dy
+
+
+def _laid_out(t, make):
+    """A tensor of t's values in the storage `make(t)` returns."""
+    return make(t).copy_(t)
+
+
+# Other layouts of an input's values: its rows sliced from wider rows (row
+# stride N + 3), its address one element past a 16-byte boundary, transposed.
+LAYOUTS = {
+    "contiguous": None,
+    "sliced": lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 3)[..., : t.shape[-1]]),
+    "misaligned": lambda t: _laid_out(t, lambda t: t.new_empty(t.numel() + 1)[1:].view(t.shape)),
+    "transposed": lambda t: _laid_out(t, lambda t: t.new_empty(t.shape[::-1]).permute(*reversed(range(t.dim())))),
+}
+# Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, RELOAD's
+# 16384, the forwards' pre-sum from 24576, the tile sizes), and a few odd ones.
+RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 5000, 8192, 8193, 12288, 12290,
+                      16384, 16385, 20480, 24576, 24592, 32768, 32769, 40000, 65536, 70001]
+
+
+def _random_case(seed):
+    """One drawn configuration: op, shape (up to 2^22 elements), dtypes,
+    freeze pattern and layout. Rows of one element are left to their own test
+    (dx there cancels to eps * rstd^3, badly conditioned), and fp16 parameters
+    get at most 2^18 elements per gradient sum (a sum of 0.1-mean dy past that
+    leaves fp16's range)."""
+    r = random.Random(seed)
+    name = r.choice(sorted(OPS))
+    op = OPS[name]
+    dtype, param_dtype = r.choice(DTYPES), r.choice([None, None, *DTYPES])
+    limit = 2**18 if torch.float16 in (dtype, param_dtype) else 2**22
+    if name == "gn":
+        groups, per_group, HW = r.choice([1, 2, 4, 32]), r.choice([1, 3, 4, 16, 40]), r.choice([7, 1024, 3844, 65536])
+        spatial = (HW // 4, 4) if HW % 4 == 0 and r.random() < 0.5 else (HW,)
+        shape = (max(1, min(r.choice([1, 2, 3, 16]), limit // (groups * per_group * HW))), groups * per_group, *spatial)
+    else:
+        groups, N = None, r.choice(RANDOM_ROW_LENGTHS)
+        M = max(1, min(r.choice([1, 3, 37, 300, 2048, 8191]), limit // N))
+        shape = (M, N) if M % 2 or r.random() < 0.7 else (2, M // 2, N)
+    params = {p: r.choice([TRAIN, FROZEN] + ([ABSENT] if op.absent_ok else [])) for p in op.params}
+    inputs = {k: r.random() < 0.8 for k in input_names(op)}
+    layout = r.choice(list(LAYOUTS))
+    return pytest.param(name, shape, groups, dtype, param_dtype, params, inputs, layout,
+                        id=f"{seed}-{name}-{'x'.join(map(str, shape))}-{DTYPE_IDS[dtype]}-"
+                           f"{DTYPE_IDS.get(param_dtype, 'same')}-{pattern_id(params, inputs)}-{layout}")
+
+
+@gpu
+@pytest.mark.parametrize("name, shape, groups, dtype, param_dtype, params, inputs, layout",
+                         [_random_case(seed) for seed in range(48)])
+def test_random_cases(name, shape, groups, dtype, param_dtype, params, inputs, layout):
+    """Drawn configurations at real sizes, on the GPU only: the CPU tests reach
+    the long-row, RELOAD and split plans by lowering their limits, here the
+    real limits and SM count choose them, with other layouts and dtypes."""
+    check_op(OPS[name], shape, dtype, params, inputs, groups, param_dtype, layout=LAYOUTS[layout])
 
 
 # ----------------------------------------------------------------------------
