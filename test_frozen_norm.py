@@ -181,8 +181,9 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
     inputs used. `layout`, if given, makes each input a differently laid out
     tensor of the same values (`LAYOUTS`)."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
-    for k in input_names(op) if layout is not None else ():
-        d[k] = layout(d[k].detach()).requires_grad_(inputs[k])
+    if layout is not None:
+        for k in input_names(op):
+            d[k] = layout(d[k].detach()).requires_grad_(inputs[k])
     outs = as_tuple(op.run(d, **kw))
     d64, refs = reference_of(op, d, **kw)
     tol = TOLERANCE[dtype]
@@ -1391,11 +1392,11 @@ RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 500
 
 
 def _random_case(seed):
-    """One drawn configuration: op, shape (up to 2^22 elements), dtypes,
-    freeze pattern and layout. Rows of one element are left to their own test
-    (dx there cancels to eps * rstd^3, badly conditioned), and fp16 parameters
-    get at most 2^18 elements per gradient sum (a sum of 0.1-mean dy past that
-    leaves fp16's range)."""
+    """One drawn configuration: op, shape, dtypes, freeze pattern and layout.
+    Shapes hold up to 2^22 elements (or one row, one sample), 2^18 where fp16
+    is in play: a gradient sum of 0.1-mean dy over more leaves fp16's range.
+    Rows of one element are left to their own test (dx there cancels to eps *
+    rstd^3, badly conditioned)."""
     r = random.Random(seed)
     name = r.choice(sorted(OPS))
     op = OPS[name]
