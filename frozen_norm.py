@@ -1402,9 +1402,11 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
 
 def _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db):
     """A backward's outputs, allocated: dx, dw, db shaped as x, weight, bias
-    (contiguous), None where not asked."""
-    return (_empty_like(x) if compute_dx else None, _empty_like(weight) if compute_dw else None,
-            _empty_like(bias) if compute_db else None)
+    (contiguous), None where not asked or without the parameter (the
+    launchers take their flags from what this returns)."""
+    return (_empty_like(x) if compute_dx else None,
+            _empty_like(weight) if compute_dw and weight is not None else None,
+            _empty_like(bias) if compute_db and bias is not None else None)
 
 
 @_launcher
@@ -1430,6 +1432,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     M = rstd.shape[0]
     N = x.numel() // M if M else 1
     dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
+    compute_dw, compute_db = dw is not None, db is not None   # none without the parameter
     x, _, stride_x = _as_rows(x, N)
     dy, _, stride_dy = _as_rows(dy, N)
     stride_ds = 0
@@ -1524,7 +1527,7 @@ def rms_norm_backward(dy, x, weight, rstd, offset=0.0, compute_dx=True, compute_
     gradients to compute (in the autograd Function: ctx.needs_input_grad).
     """
     dx, dw, _ = _row_norm_backward(dy, x, _vector(weight), None, None, rstd, None, offset,
-                                   compute_dx, compute_dw and weight is not None, False)
+                                   compute_dx, compute_dw, False)
     return dx, dw
 
 
@@ -1617,7 +1620,7 @@ def fused_add_rms_norm_backward(dy, ds, s, weight, rstd, offset=0.0, compute_dx=
     if dy is None:   # y unused: only ds flows back, and w gets no gradient
         return (ds if compute_dx else None), None
     dx, dw, _ = _row_norm_backward(dy, s, _vector(weight), None, None, rstd, ds, offset, compute_dx,
-                                   compute_dw and weight is not None, False)
+                                   compute_dw, False)
     return dx, dw
 
 
@@ -1710,8 +1713,8 @@ def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def layer_norm_backward(dy, x, weight, bias, mean, rstd, compute_dx=True, compute_dw=True, compute_db=True):
     """Low-level backward: returns (dx, dw, db), None for what is not computed."""
-    return _row_norm_backward(dy, x, _vector(weight), bias, mean, rstd, None, 0.0, compute_dx,
-                              compute_dw and weight is not None, compute_db and bias is not None)
+    return _row_norm_backward(dy, x, _vector(weight), bias, mean, rstd, None, 0.0, compute_dx, compute_dw,
+                              compute_db)
 
 
 class _LayerNormFunction(torch.autograd.Function):
@@ -2115,8 +2118,8 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
-    compute_dw, compute_db = compute_dw and weight is not None, compute_db and bias is not None
     dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
+    compute_dw, compute_db = dw is not None, db is not None   # none without the parameter
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     dw_partial, db_partial = _sum_targets(B, dw, db)
@@ -2695,7 +2698,7 @@ _LAUNCHER_OPS = [   # (launcher, schema, fake)
      "(Tensor dy, Tensor x, int num_groups, Tensor? weight, Tensor? bias, Tensor stats, bool compute_dx=True,"
      " bool compute_dw=True, bool compute_db=True) -> " + _GRADS,
      lambda dy, x, num_groups, weight, bias, stats, compute_dx=True, compute_dw=True, compute_db=True:
-         _new_grads(x, weight, bias, compute_dx, compute_dw and weight is not None, compute_db and bias is not None)),
+         _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)),
     (poly_norm_forward,
      "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor, Tensor)",
      lambda x, weight, bias, eps=1e-6: _poly_norm_outputs(x)),
