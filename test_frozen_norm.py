@@ -999,6 +999,21 @@ def test_rms_norm_single_element_rows():
     assert torch.allclose(x.grad.double().cpu(), x64.grad, atol=1e-4)
 
 
+def _laid_out(t, make):
+    """A tensor of t's values in the storage `make(t)` returns."""
+    return make(t).copy_(t)
+
+
+# Other layouts of an input's values: its rows sliced from wider rows (row
+# stride N + 3), its address one element past a 16-byte boundary, transposed.
+LAYOUTS = {
+    "contiguous": None,
+    "sliced": lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 3)[..., : t.shape[-1]]),
+    "misaligned": lambda t: _laid_out(t, lambda t: t.new_empty(t.numel() + 1)[1:].view(t.shape)),
+    "transposed": lambda t: _laid_out(t, lambda t: t.new_empty(t.shape[::-1]).permute(*reversed(range(t.dim())))),
+}
+
+
 def _layouts():
     for name, layout in itertools.product(OPS, ["transposed", "sliced", "expanded_dy"]):
         yield pytest.param(name, layout, 8192, id=f"{name}-{layout}")
@@ -1015,13 +1030,10 @@ def test_non_contiguous(name, layout, row_block_max, monkeypatch):
                 {k: False for k in input_names(op)}, 3 if name == "gn" else None)
     for k in input_names(op):
         base = d[k].detach()
-        if layout == "transposed":
-            view = base.transpose(0, -1).contiguous().transpose(0, -1)
-        elif layout == "sliced":
-            view = torch.cat([base, base[..., :3]], dim=-1)[..., : base.shape[-1]]
-        else:
+        if layout == "expanded_dy":
             view = base.clone()
-        if layout != "expanded_dy":
+        else:
+            view = LAYOUTS[layout](base)
             assert not view.is_contiguous()
         d[k] = view.requires_grad_()
     outs = as_tuple(op.run(d))
@@ -1372,19 +1384,6 @@ def test_more_than_2_31_elements():
     del x, y, dy
 
 
-def _laid_out(t, make):
-    """A tensor of t's values in the storage `make(t)` returns."""
-    return make(t).copy_(t)
-
-
-# Other layouts of an input's values: its rows sliced from wider rows (row
-# stride N + 3), its address one element past a 16-byte boundary, transposed.
-LAYOUTS = {
-    "contiguous": None,
-    "sliced": lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 3)[..., : t.shape[-1]]),
-    "misaligned": lambda t: _laid_out(t, lambda t: t.new_empty(t.numel() + 1)[1:].view(t.shape)),
-    "transposed": lambda t: _laid_out(t, lambda t: t.new_empty(t.shape[::-1]).permute(*reversed(range(t.dim())))),
-}
 # Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, RELOAD's
 # 16384, the forwards' pre-sum from 24576, the tile sizes), and a few odd ones.
 RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 5000, 8192, 8193, 12288, 12290,
