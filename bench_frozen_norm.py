@@ -869,7 +869,7 @@ def main(argv=None):
         name, value = item.split("=")
         if not name.isupper() or not hasattr(fn, name):
             p.error(f"--set: frozen_norm has no tuning constant {name}")
-        setattr(fn, name, int(value))
+        setattr(fn, name, float(value) if "." in value else int(value))
     if args.check:
         return 0 if interpreter_check() else 1
     if args.dce or args.dce_json:

@@ -151,9 +151,26 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # slower somewhere from 12288 to 32768 (NOTES.md, section 6). Where half a chunk
 # pads the row less, the planner takes it: 20480 = 5 x 4096, not 3 x 8192 with
 # the last one half empty, which idles half the warps of every third step.
+# Rows that take this plan because they fill a tile poorly (PADDED_ROW_FILL)
+# halve again while that pads less, down to LONG_CHUNK_MIN (4 warps of 4
+# elements, 8-byte bf16 loads): 4608 = 9 x 512, not 5 x 1024. Longer rows
+# measured slower so (13312 = 13 x 1024, not 7 x 2048).
 LONG_CHUNK_MAX = 8192
+LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
+# A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
+# 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
+# Longer than PADDED_ROW_MIN, such rows take the long-row plan instead, whose
+# chunks fit them closely (5120 = 5 x 1024), in the forwards (but FusedAdd's,
+# RESIDUAL_ROW_BLOCK_MAX), in the row norms' backward without dw/db and in
+# PolyNorm's backward. Measured faster at rows of 2304 to 12288 that fill 3/4
+# or less, but for FusedAdd's backward at 2304 and 2560; at 7/8 (3584, 7168)
+# and on rows of 1536 and less the tile measured faster. A trained row-norm
+# backward keeps the tile, whose registers hold dw and db: the long-row plan
+# reads x and dy a second time for them (NOTES.md, section 6).
+PADDED_ROW_FILL = 0.75
+PADDED_ROW_MIN = 2048
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -388,30 +405,34 @@ class _RowTiling(NamedTuple):
 
 
 def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
-                elements_per_thread: Optional[int] = None) -> _RowTiling:
+                elements_per_thread: Optional[int] = None, padded_long: bool = False) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
     (LOOP_TILE_ELEMENTS and LOOP_ELEMENTS_PER_THREAD); `elements_per_thread`
     overrides either's. One row per program beyond `block_max` (default
-    ROW_BLOCK_MAX)."""
+    ROW_BLOCK_MAX), and with `padded_long` also for rows that fill their
+    tile poorly (PADDED_ROW_FILL)."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
         tile_elements, ept = TILE_ELEMENTS, elements_per_thread or ELEMENTS_PER_THREAD
-    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, LONG_CHUNK_MAX,
-                              LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS))
+    padded = (PADDED_ROW_MIN, PADDED_ROW_FILL) if padded_long else None
+    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, (LONG_CHUNK_MIN, LONG_CHUNK_MAX),
+                              LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
-def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chunk_max, min_chunks,
-                       long_elements_per_thread, warp_limits):
+def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chunk_limits, min_chunks,
+                       long_elements_per_thread, warp_limits, padded):
     # Every constant the plan depends on is an argument, so that a changed
     # constant (the benchmark's --set) plans afresh; warp_limits only keys the
     # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
-    if N > block_max:
-        chunk = min(chunk_max, max(1, _pow2(N) // min_chunks))
-        if _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
+    padded_row = padded is not None and padded[0] < N <= padded[1] * _pow2(N)
+    if N > block_max or padded_row:
+        chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
+        floor = chunk_limits[0] if padded_row else chunk // 2   # longer rows: one halving at most
+        while chunk // 2 >= floor and _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
             chunk //= 2   # a half chunk pads the row less (24576 = 3 x 8192, not 2 x 16384)
         return _RowTiling(1, chunk, False, _warps_for(chunk, long_elements_per_thread), M)
     block_n = _pow2(N)
@@ -1386,7 +1407,10 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         residual, _, stride_r = _as_rows(residual, N)
     if M == 0:
         return y, s, mean, rstd
-    t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX if residual is not None else None)
+    if residual is None:
+        t = _row_tiling(M, N, padded_long=True)
+    else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
+        t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
@@ -1417,7 +1441,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     Rows up to ROW_BLOCK_MAX: one kernel; with dw/db asked, on a persistent
     grid of P = min(tiles, SMs x THREADS_PER_SM / threads per program)
     programs, which leaves one (P, N) fp32 buffer per trained parameter (264
-    rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile.
+    rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile,
+    or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
+    tile poorly (PADDED_ROW_FILL).
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
     kernel with RELOAD, one row per tile (132 rows on an H200 at N = 16384:
     8.7 MB), when x and dy are 16-bit and N and the row strides are
@@ -1443,7 +1469,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     trains = compute_dw or compute_db
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
-    t = _row_tiling(M, N, backward=True)
+    t = _row_tiling(M, N, backward=True, padded_long=not trains)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -2550,7 +2576,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # Short rows batched in tiles, one program per tile as in the row norms'
     # forward (a persistent grid measured slower at rows of 256 and 1024);
     # longer rows: the row norms' long-row plan of chunks.
-    t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX)
+    t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
@@ -2578,7 +2604,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX)
+    t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

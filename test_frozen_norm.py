@@ -424,6 +424,49 @@ def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
     check_op(OPS["fadd"], (37, 200), torch.float32, ALL_TRAIN["fadd"], _with_grads("fadd"))
 
 
+@pytest.mark.parametrize("N", [2048, 2304, 3072, 3584, 4608, 5120, 7168, 10240, 12288])
+def test_padded_rows_plan(N):
+    """Rows longer than PADDED_ROW_MIN that fill at most PADDED_ROW_FILL of
+    their power-of-two tile (real limits): the forward, the backward without
+    dw/db and PolyNorm's backward take the long-row kernels; FusedAdd's
+    forward and a trained row-norm backward keep the tile kernels. The
+    kernels each call launches first, on meta tensors."""
+    from bench_frozen_norm import recording
+    padded = fn.PADDED_ROW_MIN < N <= fn.PADDED_ROW_FILL * fn._pow2(N)
+    assert padded == (N in (2304, 3072, 4608, 5120, 10240, 12288))
+    if N == 4608:   # halved twice, down to 9 x 512 (LONG_CHUNK_MIN)
+        assert fn._row_tiling(3, N, padded_long=True).block_n == 512
+    long_rows, long_poly = padded or N > fn.ROW_BLOCK_MAX, padded or N > fn.POLY_ROW_BLOCK_MAX
+    x, r = torch.empty(3, N, device="meta", dtype=torch.bfloat16), torch.empty(3, device="meta")
+    w, w3, b1 = x[0], torch.empty(3, device="meta"), torch.empty(1, device="meta")
+    calls = {
+        "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), long_rows),
+        "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), long_rows),
+        "fadd forward": (lambda: fn.fused_add_rms_norm_forward(x, x, w), False),
+        "rms backward, w frozen": (lambda: fn.rms_norm_backward(x, x, w, r, compute_dw=False), long_rows),
+        "ln backward, w and b frozen": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, False, False),
+                                        long_rows),
+        "rms backward, w trained": (lambda: fn.rms_norm_backward(x, x, w, r), N > fn.RELOAD_ROW_BLOCK_MAX),
+        "poly backward, frozen": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3], True, False, False),
+                                  long_poly),
+        "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), long_poly),
+    }
+    for what, (call, long) in calls.items():
+        with recording() as rec:
+            call()
+        assert rec.launches[0].name.startswith("_long_") == long, (what, rec.launches[0].name)
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
+@pytest.mark.parametrize("mode", ["train", "frozen"])
+def test_padded_rows(name, mode):
+    """Rows of 2560 (a tile of 4096, PADDED_ROW_FILL) against float64: frozen
+    through the long-row kernels, trained through the tile kernels (but
+    PolyNorm's backward and the forwards of RMSNorm and LayerNorm)."""
+    params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
+    check_op(OPS[name], (3, 2560), torch.bfloat16, params, _with_grads(name))
+
+
 def test_poly_forward_long_rows_past_1024():
     """PolyNorm's forward takes the long-row kernel past POLY_FWD_ROW_BLOCK_MAX
     (real limits), its backward holds such rows in a tile."""
@@ -478,10 +521,12 @@ def test_tiling_follows_warp_limits(monkeypatch):
 
 
 @pytest.mark.parametrize("N, rows_chunk", [
-    (12288, 4096), (16384, 4096), (20480, 4096), (24576, 8192), (32768, 8192), (262144, 8192), (70001, 8192)])
+    (12288, 4096), (13312, 2048), (16384, 4096), (20480, 4096), (24576, 8192), (32768, 8192), (262144, 8192),
+    (70001, 8192)])
 def test_long_row_chunks(N, rows_chunk):
     """The long-row planner on the real limits: a quarter row, at most
-    LONG_CHUNK_MAX, halved where that pads the row less. PolyNorm's backward
+    LONG_CHUNK_MAX, halved once where that pads the row less (13312: 2048,
+    though 1024 pads it less still). PolyNorm's backward
     holds rows up to POLY_ROW_BLOCK_MAX in one tile and plans longer ones so."""
     rows = fn._row_tiling(2048, N)
     assert not rows.one_pass and rows.block_n == rows_chunk
