@@ -44,10 +44,11 @@ import frozen_norm as fn
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OP_NAMES = {"rms": "RMSNorm", "fadd": "FusedAddRMSNorm", "ln": "LayerNorm", "gn": "GroupNorm", "poly": "PolyNorm"}
-# The feature request's table (M = 2048), sizes that fill the GPU, and two
-# hidden sizes far past a register-resident row.
+# The feature request's table (M = 2048), sizes that fill the GPU, a hidden
+# size of released models that is no power of two (5120: Llama 2 13B, Qwen2.5
+# 14B and 32B), and two hidden sizes far past a register-resident row.
 ROW_SIZES = [(2048, n) for n in (1024, 2048, 4096, 8192, 16384, 32768)] + [
-    (16384, 4096), (8192, 32768), (1024, 65536), (256, 262144)]
+    (16384, 4096), (8192, 5120), (8192, 32768), (1024, 65536), (256, 262144)]
 # Diffusion-model GroupNorm shapes (B, C, H, W, G), and one with fewer
 # (sample, group) rows than an H200 has SMs.
 GROUP_SIZES = [(16, 512, 64, 64, 32), (8, 1280, 32, 32, 32), (1, 512, 256, 256, 32)]
