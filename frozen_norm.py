@@ -2346,11 +2346,12 @@ def _long_poly_norm_fwd_kernel(
     s1_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     s2_v = s1_v
     s3_v = s1_v
-    # The whole chunks in the loop, a partial last one after it: in the loop,
-    # ptxas (Triton 3.6) gave a row of 14848 (4096-element chunks) 49
-    # registers against 32 for 16384, two 16-warp programs per SM instead of
-    # four; so, 40. The whole chunks keep their mask (always true): without
-    # it the row of 16384 took 40.
+    # The whole chunks in the loop, a partial last one after it. Inside the
+    # loop, ptxas (Triton 3.6) gave a row of 14848 (four 4096-element chunks,
+    # the last partial) 49 registers against 32 at 16384: two 16-warp
+    # programs per SM instead of four; after it, 40 (three). The whole chunks
+    # keep their mask, always true: without it the row of 16384 took 40
+    # (NOTES.md, section 6).
     FULL: tl.constexpr = N // BLOCK_N * BLOCK_N
     for start in range(0, FULL, BLOCK_N):
         cols = start + groups
