@@ -526,8 +526,8 @@ def test_tiling_follows_warp_limits(monkeypatch):
 def test_long_row_chunks(N, rows_chunk):
     """The long-row planner on the real limits: a quarter row, at most
     LONG_CHUNK_MAX, halved once where that pads the row less (13312: 2048,
-    though 1024 pads it less still). PolyNorm's backward
-    holds rows up to POLY_ROW_BLOCK_MAX in one tile and plans longer ones so."""
+    though 1024 pads it less still). PolyNorm's backward holds rows up to
+    POLY_ROW_BLOCK_MAX in one tile (but padded ones) and plans longer ones so."""
     rows = fn._row_tiling(2048, N)
     assert not rows.one_pass and rows.block_n == rows_chunk
     assert rows.num_warps == fn._warps_for(rows_chunk, fn.LONG_ELEMENTS_PER_THREAD)
