@@ -428,7 +428,9 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # Every constant the plan depends on is an argument, so that a changed
     # constant (the benchmark's --set) plans afresh; warp_limits only keys the
     # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
-    padded_row = padded is not None and padded[0] < N <= padded[1] * _pow2(N)
+    # A padded row: one the tile would hold, but poorly (rows past block_max
+    # take the long-row plan anyway, and keep its one halving).
+    padded_row = padded is not None and padded[0] < N <= min(block_max, padded[1] * _pow2(N))
     if N > block_max or padded_row:
         chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
         floor = chunk_limits[0] if padded_row else chunk // 2   # longer rows: one halving at most

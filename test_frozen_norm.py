@@ -521,8 +521,8 @@ def test_tiling_follows_warp_limits(monkeypatch):
 
 
 @pytest.mark.parametrize("N, rows_chunk", [
-    (12288, 4096), (13312, 2048), (16384, 4096), (20480, 4096), (24576, 8192), (32768, 8192), (262144, 8192),
-    (70001, 8192)])
+    (9216, 2048), (12288, 4096), (13312, 2048), (16384, 4096), (20480, 4096), (24576, 8192), (32768, 8192),
+    (262144, 8192), (70001, 8192)])
 def test_long_row_chunks(N, rows_chunk):
     """The long-row planner on the real limits: a quarter row, at most
     LONG_CHUNK_MAX, halved once where that pads the row less (13312: 2048,
@@ -530,6 +530,7 @@ def test_long_row_chunks(N, rows_chunk):
     POLY_ROW_BLOCK_MAX in one tile (but padded ones) and plans longer ones so."""
     rows = fn._row_tiling(2048, N)
     assert not rows.one_pass and rows.block_n == rows_chunk
+    assert fn._row_tiling(2048, N, padded_long=True) == rows   # past ROW_BLOCK_MAX the padded rule changes nothing
     assert rows.num_warps == fn._warps_for(rows_chunk, fn.LONG_ELEMENTS_PER_THREAD)
     poly = fn._row_tiling(2048, N, block_max=fn.POLY_ROW_BLOCK_MAX)
     assert poly.one_pass if N <= fn.POLY_ROW_BLOCK_MAX else poly == rows
