@@ -171,6 +171,17 @@ LONG_ELEMENTS_PER_THREAD = 8
 # reads x and dy a second time for them (NOTES.md, section 6).
 PADDED_ROW_FILL = 0.75
 PADDED_ROW_MIN = 2048
+# Such rows of PADDED_ROW_MIN or less stay in a tile (the long-row plan
+# measured slower there). Triton spreads a tile's columns over its warps, so
+# the padded columns take whole warps: a row of 576 in a [4, 1024] tile of 4
+# warps leaves the warp of columns 768 to 1023 nothing to load. On
+# PADDED_TILE_WARPS warps, every warp's columns take in real ones (and
+# PolyNorm's tiles of two rows become tiles of a row per warp,
+# `_row_segment`). Measured faster in LayerNorm's forward and frozen backward
+# at rows of 384 to 1536, and in PolyNorm's frozen backward at 576 to 1536;
+# RMSNorm's (one row sum; FusedAdd shares its kernels) measured mixed, and
+# the trained backwards slower: they keep MIN_WARPS (NOTES.md, section 6).
+PADDED_TILE_WARPS = 2
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -405,19 +416,24 @@ class _RowTiling(NamedTuple):
 
 
 def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
-                elements_per_thread: Optional[int] = None, padded_long: bool = False) -> _RowTiling:
+                elements_per_thread: Optional[int] = None, padded_long: bool = False,
+                padded_tile: bool = False) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
     (LOOP_TILE_ELEMENTS and LOOP_ELEMENTS_PER_THREAD); `elements_per_thread`
     overrides either's. One row per program beyond `block_max` (default
     ROW_BLOCK_MAX), and with `padded_long` also for rows that fill their
-    tile poorly (PADDED_ROW_FILL)."""
+    tile poorly (PADDED_ROW_FILL) and are longer than PADDED_ROW_MIN; with
+    `padded_tile`, the tiles of such rows that stay in one run on at most
+    PADDED_TILE_WARPS warps."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
         tile_elements, ept = TILE_ELEMENTS, elements_per_thread or ELEMENTS_PER_THREAD
-    padded = (PADDED_ROW_MIN, PADDED_ROW_FILL) if padded_long else None
+    padded = None
+    if padded_long or padded_tile:
+        padded = (PADDED_ROW_FILL, PADDED_ROW_MIN if padded_long else None, PADDED_TILE_WARPS if padded_tile else None)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, (LONG_CHUNK_MIN, LONG_CHUNK_MAX),
                               LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
 
@@ -428,18 +444,27 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # Every constant the plan depends on is an argument, so that a changed
     # constant (the benchmark's --set) plans afresh; warp_limits only keys the
     # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
-    # A padded row: one the tile would hold, but poorly (rows past block_max
-    # take the long-row plan anyway, and keep its one halving).
-    padded_row = padded is not None and padded[0] < N <= min(block_max, padded[1] * _pow2(N))
-    if N > block_max or padded_row:
+    # padded = (PADDED_ROW_FILL, PADDED_ROW_MIN or None, PADDED_TILE_WARPS or
+    # None). A padded row: one the tile would hold, but poorly (rows past
+    # block_max take the long-row plan anyway, and keep its one halving).
+    fill, long_min, tile_warps = padded or (0.0, None, None)
+    padded_row = N <= min(block_max, fill * _pow2(N))
+    if N > block_max or (padded_row and long_min is not None and N > long_min):
         chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
         floor = chunk_limits[0] if padded_row else chunk // 2   # longer rows: one halving at most
         while chunk // 2 >= floor and _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
             chunk //= 2   # a half chunk pads the row less (24576 = 3 x 8192, not 2 x 16384)
-        return _RowTiling(1, chunk, False, _warps_for(chunk, long_elements_per_thread), M)
+        # A chunk shorter than LONG_CHUNK_MIN (PolyNorm's forward of rows of
+        # 1025 to 1280: 256) takes one warp, not MIN_WARPS of 2-element loads:
+        # measured faster in 16-bit dtypes, slower in fp32 (NOTES.md, section 6).
+        warps = _warps_for(chunk, long_elements_per_thread) if chunk >= chunk_limits[0] else 1
+        return _RowTiling(1, chunk, False, warps, M)
     block_n = _pow2(N)
     rows = min(max(1, tile_elements // block_n), _pow2(M))
-    return _RowTiling(rows, block_n, True, _warps_for(rows * block_n, elements_per_thread), _cdiv(M, rows))
+    warps = _warps_for(rows * block_n, elements_per_thread)
+    if padded_row and tile_warps:
+        warps = min(warps, tile_warps)
+    return _RowTiling(rows, block_n, True, warps, _cdiv(M, rows))
 
 
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
@@ -1410,7 +1435,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if M == 0:
         return y, s, mean, rstd
     if residual is None:
-        t = _row_tiling(M, N, padded_long=True)
+        t = _row_tiling(M, N, padded_long=True, padded_tile=center)   # PADDED_TILE_WARPS for LayerNorm's
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
         t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
     args = (x, residual, s, y, weight, bias, mean, rstd)
@@ -1471,7 +1496,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     trains = compute_dw or compute_db
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
-    t = _row_tiling(M, N, backward=True, padded_long=not trains)
+    t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -2622,7 +2647,11 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True)
+    # PADDED_TILE_WARPS frozen, but on rows of 512 or less: their tiles hold
+    # MIN_WARPS rows or more, one to a warp (`_row_segment`), so that padding
+    # stays inside each warp; fewer warps measured slower there (384).
+    t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
+                    padded_tile=not trains and N > LOOP_TILE_ELEMENTS // MIN_WARPS)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many
