@@ -166,19 +166,24 @@ LONG_ELEMENTS_PER_THREAD = 8
 # RESIDUAL_ROW_BLOCK_MAX), in the row norms' backward without dw/db and in
 # PolyNorm's backward. Measured faster at rows of 2304 to 12288 that fill 3/4
 # or less, but for FusedAdd's backward at 2304 and 2560; at 7/8 (3584, 7168)
-# and on rows of 1536 and less the tile measured faster. A trained row-norm
-# backward keeps the tile, whose registers hold dw and db: the long-row plan
-# reads x and dy a second time for them (NOTES.md, section 6).
+# the tile measured faster, and on shorter rows in most kernels (below). A
+# trained row-norm backward keeps the tile, whose registers hold dw and db:
+# the long-row plan reads x and dy a second time for them (NOTES.md, section 6).
 PADDED_ROW_FILL = 0.75
 PADDED_ROW_MIN = 2048
-# Such rows of PADDED_ROW_MIN or less stay in a tile (the long-row plan
-# measured slower there). Triton spreads a tile's columns over its warps, so
-# the padded columns take whole warps: a row of 576 in a [4, 1024] tile of 4
-# warps leaves the warp of columns 768 to 1023 nothing to load. On
-# PADDED_TILE_WARPS warps, every warp's columns take in real ones (and
-# PolyNorm's tiles of two rows become tiles of a row per warp,
-# `_row_segment`). Measured faster in LayerNorm's forward and frozen backward
-# at rows of 384 to 1536, and in PolyNorm's frozen backward at 576 to 1536;
+# Shorter such rows stay in a tile, but in PolyNorm's forward and the frozen
+# backwards of RMSNorm and PolyNorm, which take the long-row plan from
+# PADDED_SHORT_ROW_MIN on: up to 1024, chunks of 256 on one warp, a row per
+# warp whose sums need no barrier. Measured faster at rows of 576 to 768,
+# even or faster from 1152 to 1536; FusedAdd's backward with ds and RMSNorm's
+# forward measured mixed so, LayerNorm's kernels slower than on
+# PADDED_TILE_WARPS, the trained backwards slower (NOTES.md, section 6).
+PADDED_SHORT_ROW_MIN = 512
+# In a tile, Triton spreads the columns over the warps, so the padded
+# columns take whole warps: a row of 576 in a [4, 1024] tile of 4 warps
+# leaves the warp of columns 768 to 1023 nothing to load. On
+# PADDED_TILE_WARPS warps, every warp's columns take in real ones. Measured
+# faster in LayerNorm's forward and frozen backward at rows of 384 to 1536;
 # RMSNorm's (one row sum; FusedAdd shares its kernels) measured mixed, and
 # the trained backwards slower: they keep MIN_WARPS (NOTES.md, section 6).
 PADDED_TILE_WARPS = 2
@@ -274,8 +279,9 @@ POLY_BWD_MAX_REGISTERS = 128
 # 1024 in the backward's tiles of 2048) PolyNorm's per-tile sums measured
 # faster (NOTES.md, section 6), where the row norms' tiles measured even.
 POLY_ROW_ACCUMULATOR_ROWS = 4
-# Warps per program: at least 4 to keep a tile's loads wide, at most 32 (1024
-# threads, the hardware limit).
+# Warps per program: at least 4 to keep a tile's loads wide (but for padded
+# tiles, PADDED_TILE_WARPS, and chunks shorter than LONG_CHUNK_MIN: one),
+# at most 32 (1024 threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
 # Persistent grids: threads per SM to aim for. The programs loop over tiles
 # through a software pipeline, so 512 threads keep memory busy, and at up to
@@ -417,23 +423,24 @@ class _RowTiling(NamedTuple):
 
 def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
                 elements_per_thread: Optional[int] = None, padded_long: bool = False,
-                padded_tile: bool = False) -> _RowTiling:
+                padded_tile: bool = False, padded_min: Optional[int] = None) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
     (LOOP_TILE_ELEMENTS and LOOP_ELEMENTS_PER_THREAD); `elements_per_thread`
     overrides either's. One row per program beyond `block_max` (default
     ROW_BLOCK_MAX), and with `padded_long` also for rows that fill their
-    tile poorly (PADDED_ROW_FILL) and are longer than PADDED_ROW_MIN; with
-    `padded_tile`, the tiles of such rows that stay in one run on at most
-    PADDED_TILE_WARPS warps."""
+    tile poorly (PADDED_ROW_FILL) and are longer than `padded_min` (default
+    PADDED_ROW_MIN); with `padded_tile`, the tiles of such rows that stay in
+    one run on at most PADDED_TILE_WARPS warps."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
         tile_elements, ept = TILE_ELEMENTS, elements_per_thread or ELEMENTS_PER_THREAD
     padded = None
     if padded_long or padded_tile:
-        padded = (PADDED_ROW_FILL, PADDED_ROW_MIN if padded_long else None, PADDED_TILE_WARPS if padded_tile else None)
+        padded = (PADDED_ROW_FILL, (padded_min or PADDED_ROW_MIN) if padded_long else None,
+                  PADDED_TILE_WARPS if padded_tile else None)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, (LONG_CHUNK_MIN, LONG_CHUNK_MAX),
                               LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
 
@@ -454,9 +461,10 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
         floor = chunk_limits[0] if padded_row else chunk // 2   # longer rows: one halving at most
         while chunk // 2 >= floor and _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
             chunk //= 2   # a half chunk pads the row less (24576 = 3 x 8192, not 2 x 16384)
-        # A chunk shorter than LONG_CHUNK_MIN (PolyNorm's forward of rows of
-        # 1025 to 1280: 256) takes one warp, not MIN_WARPS of 2-element loads:
-        # measured faster in 16-bit dtypes, slower in fp32 (NOTES.md, section 6).
+        # A chunk shorter than LONG_CHUNK_MIN (256: PolyNorm's forward of rows
+        # of 1025 to 1280, padded rows of 1024 and less) takes one warp, not
+        # MIN_WARPS of 2-element loads: measured faster in 16-bit dtypes,
+        # slower in fp32 at PolyNorm's forward (NOTES.md, section 6).
         warps = _warps_for(chunk, long_elements_per_thread) if chunk >= chunk_limits[0] else 1
         return _RowTiling(1, chunk, False, warps, M)
     block_n = _pow2(N)
@@ -1496,7 +1504,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     trains = compute_dw or compute_db
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
-    t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains)
+    t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
+                    padded_min=PADDED_SHORT_ROW_MIN if mean is None and ds is None else None)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -2619,7 +2628,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # Short rows batched in tiles, one program per tile as in the row norms'
     # forward (a persistent grid measured slower at rows of 256 and 1024);
     # longer rows: the row norms' long-row plan of chunks.
-    t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True)
+    t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
@@ -2638,7 +2647,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
 
     Scratch: with dw or db asked, one (P, 4) fp32 buffer (P: the persistent
     grid, about THREADS_PER_SM threads per SM, at most one program per tile),
-    or (M, 4) for rows longer than POLY_ROW_BLOCK_MAX (one program per row).
+    or (M, 4) for rows on the long-row plan (one program per row: rows longer
+    than POLY_ROW_BLOCK_MAX, and padded ones, PADDED_ROW_FILL).
     """
     N = x.shape[-1]
     (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
@@ -2647,11 +2657,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    # PADDED_TILE_WARPS frozen, but on rows of 512 or less: their tiles hold
-    # MIN_WARPS rows or more, one to a warp (`_row_segment`), so that padding
-    # stays inside each warp; fewer warps measured slower there (384).
     t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
-                    padded_tile=not trains and N > LOOP_TILE_ELEMENTS // MIN_WARPS)
+                    padded_min=None if trains else PADDED_SHORT_ROW_MIN)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

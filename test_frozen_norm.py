@@ -470,45 +470,51 @@ def test_padded_rows(name, mode):
 @pytest.mark.parametrize("N", [384, 576, 768, 896, 1024, 1152, 1280, 1536])
 def test_padded_short_rows_plan(N):
     """Rows of PADDED_ROW_MIN or less that fill at most PADDED_ROW_FILL of
-    their tile (real limits) stay in the tile kernels; LayerNorm's forward and
-    the frozen backwards of LayerNorm and PolyNorm (rows over 512) run those
-    tiles on PADDED_TILE_WARPS warps, every other call on MIN_WARPS. PolyNorm's forward
-    of rows of 1025 to 1280 walks chunks of 256 on one warp. The warps of the
-    first launch of each call, on meta tensors."""
+    their tile (real limits). PolyNorm's forward and the frozen backwards of
+    RMSNorm and PolyNorm take the long-row kernels for rows over
+    PADDED_SHORT_ROW_MIN (chunks of 256 on one warp up to 1024, of 512 on
+    MIN_WARPS beyond; PolyNorm's forward takes rows over 1024 so anyway, on
+    one warp up to 1280); LayerNorm's forward and frozen backward run their
+    tiles on PADDED_TILE_WARPS warps; every other call, FusedAdd's frozen
+    backward with ds too, stays in a tile of MIN_WARPS. The first launch of
+    each call, on meta tensors."""
     from bench_frozen_norm import recording
     padded = N <= fn.PADDED_ROW_FILL * fn._pow2(N)
     assert padded == (N in (384, 576, 768, 1152, 1280, 1536))
-    fewer = fn.PADDED_TILE_WARPS if padded else fn.MIN_WARPS
+    tile, fewer = (False, fn.MIN_WARPS), (False, fn.PADDED_TILE_WARPS if padded else fn.MIN_WARPS)
+    frozen = (True, 1 if N <= 1024 else fn.MIN_WARPS) if padded and N > fn.PADDED_SHORT_ROW_MIN else tile
+    poly_long = (padded and N > fn.PADDED_SHORT_ROW_MIN) or N > fn.POLY_FWD_ROW_BLOCK_MAX
     x, r = torch.empty(3, N, device="meta", dtype=torch.bfloat16), torch.empty(3, device="meta")
     w, w3, b1 = x[0], torch.empty(3, device="meta"), torch.empty(1, device="meta")
     calls = {
         "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), fewer),
         "ln backward, w and b frozen": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, False, False), fewer),
-        "poly backward, frozen": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3], True, False, False),
-                                  fewer if N > 512 else fn.MIN_WARPS),
-        "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), fn.MIN_WARPS),
-        "fadd forward": (lambda: fn.fused_add_rms_norm_forward(x, x, w), fn.MIN_WARPS),
-        "rms backward, w frozen": (lambda: fn.rms_norm_backward(x, x, w, r, compute_dw=False), fn.MIN_WARPS),
-        "ln backward, w trained": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, True, False), fn.MIN_WARPS),
-        "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), fn.MIN_WARPS),
-        "poly forward": (lambda: fn.poly_norm_forward(x, w3, b1), 1 if 1024 < N <= 1280 else fn.MIN_WARPS),
+        "rms backward, w frozen": (lambda: fn.rms_norm_backward(x, x, w, r, compute_dw=False), frozen),
+        "fadd backward, w frozen": (lambda: fn.fused_add_rms_norm_backward(x, x, x, w, r, compute_dw=False), tile),
+        "poly backward, frozen": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3], True, False, False), frozen),
+        "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), tile),
+        "fadd forward": (lambda: fn.fused_add_rms_norm_forward(x, x, w), tile),
+        "ln backward, w trained": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, True, False), tile),
+        "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), tile),
+        "poly forward": (lambda: fn.poly_norm_forward(x, w3, b1), (poly_long, 1 if poly_long and N <= 1280 else fn.MIN_WARPS)),
     }
-    for what, (call, warps) in calls.items():
+    for what, (call, (long, warps)) in calls.items():
         with recording() as rec:
             call()
-        assert rec.launches[0].num_warps == warps, (what, rec.launches[0].name, rec.launches[0].num_warps)
-        assert rec.launches[0].name.startswith("_long_") == (what == "poly forward" and N > 1024), what
+        launch = rec.launches[0]
+        assert (launch.name.startswith("_long_"), launch.num_warps) == (long, warps), (what, launch.name)
     if 1024 < N <= 1280:
         assert fn._row_tiling(3, N, block_max=fn.POLY_FWD_ROW_BLOCK_MAX).block_n == 256
 
 
-@pytest.mark.parametrize("name", ["ln", "poly"])
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 @pytest.mark.parametrize("M, N", [(37, 576), (5, 1152)])
 def test_padded_short_rows(name, mode, M, N):
-    """Padded rows that stay in a tile against float64, trained and frozen: on
-    a GPU, the tiles of PADDED_TILE_WARPS warps and PolyNorm's forward in
-    chunks of 256 on one warp (1152) compile and run."""
+    """Padded rows of 2048 and less against float64, trained and frozen: on a
+    GPU, the tiles of PADDED_TILE_WARPS warps and the long-row kernels in
+    chunks of 256 on one warp (576: RMSNorm's and PolyNorm's frozen backward,
+    PolyNorm's forward; 1152: PolyNorm's forward) compile and run."""
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (M, N), torch.bfloat16, params, _with_grads(name))
 
