@@ -451,9 +451,10 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # Every constant the plan depends on is an argument, so that a changed
     # constant (the benchmark's --set) plans afresh; warp_limits only keys the
     # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
-    # padded = (PADDED_ROW_FILL, PADDED_ROW_MIN or None, PADDED_TILE_WARPS or
-    # None). A padded row: one the tile would hold, but poorly (rows past
-    # block_max take the long-row plan anyway, and keep its one halving).
+    # padded = (PADDED_ROW_FILL, the length past which padded rows take the
+    # long-row plan or None, PADDED_TILE_WARPS or None). A padded row: one the
+    # tile would hold, but poorly (rows past block_max take the long-row plan
+    # anyway, and keep its one halving).
     fill, long_min, tile_warps = padded or (0.0, None, None)
     padded_row = N <= min(block_max, fill * _pow2(N))
     if N > block_max or (padded_row and long_min is not None and N > long_min):
