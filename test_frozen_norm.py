@@ -647,18 +647,20 @@ def test_poly_backward_register_cap(N, kernel, cap):
         assert main.grid == (4,)
 
 
-@pytest.mark.parametrize("N, rows, row_accumulators", [(512, 4, True), (300, 4, True), (1024, 2, False),
-                                                      (4096, 1, False)])
-def test_poly_backward_row_accumulators(N, rows, row_accumulators):
+@pytest.mark.parametrize("M, N, rows, row_accumulators", [(64, 512, 4, True), (64, 300, 4, True),
+                                                         (64, 1024, 2, False), (16, 4096, 1, False)])
+def test_poly_backward_row_accumulators(M, N, rows, row_accumulators):
     """PolyNorm's tile backward keeps dw and db per tile row where a tile has
     POLY_ROW_ACCUMULATOR_ROWS rows or more (the real limits), else sums each
     tile's rows at once; both against float64 (the freeze sweep checks tiles
-    of 8 and 16 rows)."""
+    of 8 and 16 rows). M: enough tiles that each program of the
+    interpreter's grid loops over several (16 tiles of one row of 4096 on
+    INTERPRETER_SMS x 2 programs)."""
     from bench_frozen_norm import VARIANTS, record_backward
-    launch = record_backward("poly", (64, N), VARIANTS["poly"]["trainable"]).launches[0]
+    launch = record_backward("poly", (M, N), VARIANTS["poly"]["trainable"]).launches[0]
     assert launch.constexprs["ROWS"] == rows
     assert launch.constexprs["ROW_ACCUMULATORS"] is row_accumulators
-    check_op(OPS["poly"], (64, N), torch.float32, ALL_TRAIN["poly"], _with_grads("poly"))
+    check_op(OPS["poly"], (M, N), torch.float32, ALL_TRAIN["poly"], _with_grads("poly"))
 
 
 @pytest.mark.parametrize("x_dtype, p_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
