@@ -424,6 +424,24 @@ def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
     check_op(OPS["fadd"], (37, 200), torch.float32, ALL_TRAIN["fadd"], _with_grads("fadd"))
 
 
+def _meta_rows(N):
+    """Meta tensors for the plan tests: x (3, N) bf16, r (3,) (rstd or mean),
+    w (N,), and PolyNorm's w (3,) and b (1,)."""
+    x = torch.empty(3, N, device="meta", dtype=torch.bfloat16)
+    return x, torch.empty(3, device="meta"), x[0], torch.empty(3, device="meta"), torch.empty(1, device="meta")
+
+
+def _first_launches(calls):
+    """{name: the first launch of call()} for {name: call}, recorded, not run."""
+    from bench_frozen_norm import recording
+    first = {}
+    for what, call in calls.items():
+        with recording() as rec:
+            call()
+        first[what] = rec.launches[0]
+    return first
+
+
 @pytest.mark.parametrize("N", [2048, 2304, 3072, 3584, 4608, 5120, 7168, 10240, 12288])
 def test_padded_rows_plan(N):
     """Rows longer than PADDED_ROW_MIN that fill at most PADDED_ROW_FILL of
@@ -431,14 +449,12 @@ def test_padded_rows_plan(N):
     dw/db and PolyNorm's backward take the long-row kernels; FusedAdd's
     forward and a trained row-norm backward keep the tile kernels. The
     kernels each call launches first, on meta tensors."""
-    from bench_frozen_norm import recording
     padded = fn.PADDED_ROW_MIN < N <= fn.PADDED_ROW_FILL * fn._pow2(N)
     assert padded == (N in (2304, 3072, 4608, 5120, 10240, 12288))
     if N == 4608:   # halved twice, down to 9 x 512 (LONG_CHUNK_MIN)
         assert fn._row_tiling(3, N, padded_long=True).block_n == 512
     long_rows, long_poly = padded or N > fn.ROW_BLOCK_MAX, padded or N > fn.POLY_ROW_BLOCK_MAX
-    x, r = torch.empty(3, N, device="meta", dtype=torch.bfloat16), torch.empty(3, device="meta")
-    w, w3, b1 = x[0], torch.empty(3, device="meta"), torch.empty(1, device="meta")
+    x, r, w, w3, b1 = _meta_rows(N)
     calls = {
         "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), long_rows),
         "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), long_rows),
@@ -451,20 +467,9 @@ def test_padded_rows_plan(N):
                                   long_poly),
         "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), long_poly),
     }
-    for what, (call, long) in calls.items():
-        with recording() as rec:
-            call()
-        assert rec.launches[0].name.startswith("_long_") == long, (what, rec.launches[0].name)
-
-
-@pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
-@pytest.mark.parametrize("mode", ["train", "frozen"])
-def test_padded_rows(name, mode):
-    """Rows of 2560 (a tile of 4096, PADDED_ROW_FILL) against float64: frozen
-    through the long-row kernels, trained through the tile kernels (but
-    PolyNorm's backward and the forwards of RMSNorm and LayerNorm)."""
-    params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
-    check_op(OPS[name], (3, 2560), torch.bfloat16, params, _with_grads(name))
+    first = _first_launches({what: call for what, (call, _) in calls.items()})
+    for what, (_, long) in calls.items():
+        assert first[what].name.startswith("_long_") == long, (what, first[what].name)
 
 
 @pytest.mark.parametrize("N", [384, 576, 768, 896, 1024, 1152, 1280, 1536])
@@ -478,14 +483,13 @@ def test_padded_short_rows_plan(N):
     tiles on PADDED_TILE_WARPS warps; every other call, FusedAdd's frozen
     backward with ds too, stays in a tile of MIN_WARPS. The first launch of
     each call, on meta tensors."""
-    from bench_frozen_norm import recording
     padded = N <= fn.PADDED_ROW_FILL * fn._pow2(N)
     assert padded == (N in (384, 576, 768, 1152, 1280, 1536))
     tile, fewer = (False, fn.MIN_WARPS), (False, fn.PADDED_TILE_WARPS if padded else fn.MIN_WARPS)
     frozen = (True, 1 if N <= 1024 else fn.MIN_WARPS) if padded and N > fn.PADDED_SHORT_ROW_MIN else tile
     poly_long = (padded and N > fn.PADDED_SHORT_ROW_MIN) or N > fn.POLY_FWD_ROW_BLOCK_MAX
-    x, r = torch.empty(3, N, device="meta", dtype=torch.bfloat16), torch.empty(3, device="meta")
-    w, w3, b1 = x[0], torch.empty(3, device="meta"), torch.empty(1, device="meta")
+    poly_forward = (poly_long, 1 if poly_long and N <= 1280 else fn.MIN_WARPS)
+    x, r, w, w3, b1 = _meta_rows(N)
     calls = {
         "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), fewer),
         "ln backward, w and b frozen": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, False, False), fewer),
@@ -496,12 +500,11 @@ def test_padded_short_rows_plan(N):
         "fadd forward": (lambda: fn.fused_add_rms_norm_forward(x, x, w), tile),
         "ln backward, w trained": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, True, False), tile),
         "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), tile),
-        "poly forward": (lambda: fn.poly_norm_forward(x, w3, b1), (poly_long, 1 if poly_long and N <= 1280 else fn.MIN_WARPS)),
+        "poly forward": (lambda: fn.poly_norm_forward(x, w3, b1), poly_forward),
     }
-    for what, (call, (long, warps)) in calls.items():
-        with recording() as rec:
-            call()
-        launch = rec.launches[0]
+    first = _first_launches({what: call for what, (call, _) in calls.items()})
+    for what, (_, (long, warps)) in calls.items():
+        launch = first[what]
         assert (launch.name.startswith("_long_"), launch.num_warps) == (long, warps), (what, launch.name)
     if 1024 < N <= 1280:
         assert fn._row_tiling(3, N, block_max=fn.POLY_FWD_ROW_BLOCK_MAX).block_n == 256
@@ -509,12 +512,14 @@ def test_padded_short_rows_plan(N):
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
-@pytest.mark.parametrize("M, N", [(37, 576), (5, 1152)])
-def test_padded_short_rows(name, mode, M, N):
-    """Padded rows of 2048 and less against float64, trained and frozen: on a
-    GPU, the tiles of PADDED_TILE_WARPS warps and the long-row kernels in
-    chunks of 256 on one warp (576: RMSNorm's and PolyNorm's frozen backward,
-    PolyNorm's forward; 1152: PolyNorm's forward) compile and run."""
+@pytest.mark.parametrize("M, N", [(3, 2560), (37, 576), (5, 1152)])
+def test_padded_rows(name, mode, M, N):
+    """Padded rows against float64, trained and frozen. 2560 (a tile of 4096):
+    frozen through the long-row kernels, trained through the tile kernels (but
+    PolyNorm's backward and the forwards of RMSNorm and LayerNorm). 576 and
+    1152, on a GPU: the tiles of PADDED_TILE_WARPS warps and the long-row
+    kernels in chunks of 256 on one warp (576: RMSNorm's and PolyNorm's frozen
+    backward, PolyNorm's forward; 1152: PolyNorm's forward) compile and run."""
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (M, N), torch.bfloat16, params, _with_grads(name))
 
