@@ -318,6 +318,13 @@ INTERPRETER_SMS = 3
 # (fewer steps: PolyNorm's 4 columns).
 PARTIAL_ROWS, PARTIAL_COLS = 64, 32
 PARTIAL_WARPS = 4
+# A program walks its columns' rows one step after another, so a tall, narrow
+# partial, which makes few programs, takes long to sum: PolyNorm's (M, 4)
+# scratch of rows on the long-row plan, one program per gradient, took a
+# fifth of some backwards. Partials of more than PARTIAL_FOLD_ROWS rows are
+# first folded: bands of that many rows summed side by side by their own
+# programs, into a partial of one row per band (NOTES.md, section 6).
+PARTIAL_FOLD_ROWS = 1024
 # GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
 # that two share an SM; 8192 and 16384 measured slower), and the programs per
 # SM to aim for when a batch has fewer (sample, group) rows than SMs: each row
@@ -712,35 +719,42 @@ def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
 
 
 @triton.jit
-def _sum_partials(Partial, Out, P, N, stride_p, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+def _sum_partials(Partial, Out, P, N, stride_p, band_rows, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                  STAGES: tl.constexpr):
+    band = tl.program_id(2)   # rows band * band_rows on, into row `band` of Out
+    end = tl.minimum(P, (band + 1) * band_rows)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in tl.range(0, P, BLOCK_P, num_stages=STAGES):
-        offsets, mask = _tile(p0 + tl.arange(0, BLOCK_P), cols, P, N, stride_p)
+    for p0 in tl.range(band * band_rows, end, BLOCK_P, num_stages=STAGES):
+        offsets, mask = _tile(p0 + tl.arange(0, BLOCK_P), cols, end, N, stride_p)
         acc += tl.load(Partial + offsets, mask=mask, other=0.0)
-    tl.store(Out + cols, tl.sum(acc, axis=0).to(Out.dtype.element_ty), mask=cols < N)
+    tl.store(Out + band * N + cols, tl.sum(acc, axis=0).to(Out.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
 def _sum_partials_kernel(
-    PartialA, OutA, PartialB, OutB,   # (P, N_a) fp32 -> (N_a,) ; (P, N_b) fp32 -> (N_b,)
-    P, N_a, N_b, stride_a, stride_b,
+    PartialA, OutA, PartialB, OutB,   # (P, N_a) fp32 -> (bands, N_a) ; (P, N_b) fp32 -> (bands, N_b)
+    P, N_a, N_b, stride_a, stride_b, band_rows,
     HAS_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Out[n] = sum over p of Partial[p, n], for one or two (Partial, Out) pairs.
+    """Out[band, n] = sum of Partial[p, n] over the rows p of band `band`
+    (band_rows of them), for one or two (Partial, Out) pairs.
 
     The deterministic second half of every weight gradient: the backward kernels
     leave one fp32 row of partial sums per program, and this kernel sums them in
-    a fixed order. Out is written in its own dtype (the parameter's).
+    a fixed order. With one band (band_rows >= P), Out is the gradient, written
+    in its own dtype (the parameter's); with several, Out is an fp32 partial of
+    one row per band, which a second launch sums (`_reduce_partials`).
 
-    Grid: (cdiv(max(N_a, N_b), BLOCK_N), 2 if HAS_B else 1); axis 1 picks the pair.
+    Grid: (cdiv(max(N_a, N_b), BLOCK_N), 2 if HAS_B else 1, bands); axis 1
+    picks the pair.
     HAS_B: False removes the second pair (one trained parameter).
     STAGES: the software pipeline's depth over the [BLOCK_P, BLOCK_N] steps.
     """
     if tl.program_id(1) == 0:
-        _sum_partials(PartialA, OutA, P, N_a, stride_a, BLOCK_P, BLOCK_N, STAGES)
+        _sum_partials(PartialA, OutA, P, N_a, stride_a, band_rows, BLOCK_P, BLOCK_N, STAGES)
     elif HAS_B:
-        _sum_partials(PartialB, OutB, P, N_b, stride_b, BLOCK_P, BLOCK_N, STAGES)
+        _sum_partials(PartialB, OutB, P, N_b, stride_b, band_rows, BLOCK_P, BLOCK_N, STAGES)
 
 
 def _sum_targets(rows: int, dw: Optional[torch.Tensor], db: Optional[torch.Tensor]) -> tuple:
@@ -761,24 +775,37 @@ def _sum_targets(rows: int, dw: Optional[torch.Tensor], db: Optional[torch.Tenso
 
 
 def _reduce_partials(*pairs) -> None:
-    """Launches `_sum_partials_kernel` once for up to two (partial, out) pairs.
+    """Sums each (partial, out) pair's partial rows into out, by
+    `_sum_partials_kernel`: one launch for up to two pairs, and before it one
+    more for each fold of a partial taller than PARTIAL_FOLD_ROWS.
 
     A pair whose partial is None (a parameter that does not train) or the
     output itself (one row, stored there by the kernel: `_sum_targets`) is
     skipped; with none left, nothing is launched.
     """
     pairs = [(partial, out) for partial, out in pairs if partial is not None and partial is not out]
-    if not pairs:
-        return
+    while pairs and pairs[0][0].shape[0] > PARTIAL_FOLD_ROWS:
+        # Fold: bands of PARTIAL_FOLD_ROWS rows, summed side by side into a
+        # (bands, N) partial, which then takes the partial's place.
+        bands = _cdiv(pairs[0][0].shape[0], PARTIAL_FOLD_ROWS)
+        folded = [partial.new_empty((bands, partial.shape[1])) for partial, _ in pairs]
+        _launch_sum_partials([(partial, f) for (partial, _), f in zip(pairs, folded)], PARTIAL_FOLD_ROWS, bands)
+        pairs = [(f, out) for f, (_, out) in zip(folded, pairs)]
+    if pairs:
+        _launch_sum_partials(pairs, pairs[0][0].shape[0], 1)
+
+
+def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
+    """One `_sum_partials_kernel` launch over the (partial, out) pairs (one or
+    two, partials of the same height), in `bands` bands of `band_rows` rows."""
     (partial_a, out_a), (partial_b, out_b) = pairs[0], pairs[1] if len(pairs) > 1 else (None, None)
-    P = partial_a.shape[0]
     n_b = 0 if partial_b is None else partial_b.shape[1]
     N = max(partial_a.shape[1], n_b)
     step = PARTIAL_ROWS * PARTIAL_COLS   # elements per step, shaped to the partial
-    block_n = min(_pow2(N), step // min(PARTIAL_ROWS, _pow2(P)))
-    _sum_partials_kernel[(_cdiv(N, block_n), 1 if partial_b is None else 2)](
-        partial_a, out_a, partial_b, out_b, P, partial_a.shape[1], n_b,
-        partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0),
+    block_n = min(_pow2(N), step // min(PARTIAL_ROWS, _pow2(band_rows)))
+    _sum_partials_kernel[(_cdiv(N, block_n), 1 if partial_b is None else 2, bands)](
+        partial_a, out_a, partial_b, out_b, partial_a.shape[0], partial_a.shape[1], n_b,
+        partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0), band_rows,
         HAS_B=partial_b is not None, BLOCK_P=step // block_n, BLOCK_N=block_n,
         STAGES=PIPELINE_STAGES, num_warps=PARTIAL_WARPS)
 

@@ -307,6 +307,42 @@ def test_poly_long_rows_freeze_patterns(params, inputs, monkeypatch):
     check_op(OPS["poly"], (37, 200), torch.bfloat16, params, inputs)
 
 
+@pytest.mark.parametrize("P, n_a, n_b, fold, bands", [
+    (37, 3, 1, 64, []),          # no fold: one launch
+    (37, 3, 1, 8, [5]),          # 37 rows in 5 bands of 8, then those 5
+    (37, 3, 1, 4, [10, 3]),      # folded twice: 37 -> 10 -> 3
+    (300, 70, 0, 128, [3]),      # one wide partial: 3 column blocks a band
+])
+def test_reduce_partials_fold(P, n_a, n_b, fold, bands, monkeypatch):
+    """`_reduce_partials` on fp32 partials (views with a row stride, as
+    PolyNorm's (P, 4) scratch) against float64 sums: partials taller than
+    PARTIAL_FOLD_ROWS fold in bands of that many rows first, once per fold."""
+    monkeypatch.setattr(fn, "PARTIAL_FOLD_ROWS", fold)
+    launches, launch = [], fn._launch_sum_partials
+
+    def recorded(pairs, band_rows, n):
+        launches.append(n)
+        launch(pairs, band_rows, n)
+    monkeypatch.setattr(fn, "_launch_sum_partials", recorded)
+    scratch = randn(P, n_a + n_b, shift=1.0)
+    outs = [torch.empty(n, dtype=dtype, device=DEVICE) for n, dtype in ((n_a, torch.float32), (n_b, torch.bfloat16))]
+    fn._reduce_partials((scratch[:, :n_a], outs[0]), (scratch[:, n_a:] if n_b else None, outs[1]))
+    assert launches == bands + [1]
+    ref = scratch.double().sum(0).cpu()
+    assert rel_error(outs[0], ref[:n_a]) < 1e-6
+    if n_b:
+        assert rel_error(outs[1], ref[n_a:]) < TOLERANCE[torch.bfloat16]
+
+
+def test_poly_long_rows_folded(monkeypatch):
+    """PolyNorm's long-row backward leaves one partial row per row (37 here):
+    with PARTIAL_FOLD_ROWS = 8 its dw and db fold in bands before the final
+    sum, against float64."""
+    _long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "PARTIAL_FOLD_ROWS", 8)
+    check_op(OPS["poly"], (37, 200), torch.float32, ALL_TRAIN["poly"], _with_grads("poly"))
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_long_row_chunk_past_the_row(name, monkeypatch):
     """The long-row kernels with LONG_MIN_CHUNKS = 1 (a tuning override): the
