@@ -171,13 +171,16 @@ LONG_ELEMENTS_PER_THREAD = 8
 # the long-row plan reads x and dy a second time for them (NOTES.md, section 6).
 PADDED_ROW_FILL = 0.75
 PADDED_ROW_MIN = 2048
-# Shorter such rows stay in a tile, but in PolyNorm's forward and the frozen
-# backwards of RMSNorm and PolyNorm, which take the long-row plan from
+# Shorter such rows stay in a tile, but in PolyNorm's forward and backward
+# and RMSNorm's frozen backward, which take the long-row plan from
 # PADDED_SHORT_ROW_MIN on: up to 1024, chunks of 256 on one warp, a row per
-# warp whose sums need no barrier. Measured faster at rows of 576 to 768,
-# even or faster from 1152 to 1536; FusedAdd's backward with ds and RMSNorm's
-# forward measured mixed so, LayerNorm's kernels slower than on
-# PADDED_TILE_WARPS, the trained backwards slower (NOTES.md, section 6).
+# warp whose sums need no barrier.
+# Measured faster at rows of 576 to 768, even or faster from 1152 to 1536;
+# FusedAdd's backward with ds and RMSNorm's forward measured mixed so,
+# LayerNorm's kernels slower than on PADDED_TILE_WARPS, the row norms'
+# trained backwards slower (their dw needs the tile). PolyNorm's trained
+# backward, whose dw sums are scalars, measured slower too until its (M, 4)
+# scratch was folded (PARTIAL_FOLD_ROWS) (NOTES.md, section 6).
 PADDED_SHORT_ROW_MIN = 512
 # In a tile, Triton spreads the columns over the warps, so the padded
 # columns take whole warps: a row of 576 in a [4, 1024] tile of 4 warps
@@ -2686,7 +2689,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
     t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
-                    padded_min=None if trains else PADDED_SHORT_ROW_MIN)
+                    padded_min=PADDED_SHORT_ROW_MIN)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many
