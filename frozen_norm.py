@@ -173,14 +173,14 @@ PADDED_ROW_FILL = 0.75
 PADDED_ROW_MIN = 2048
 # Shorter such rows stay in a tile, but in PolyNorm's forward and backward
 # and RMSNorm's frozen backward, which take the long-row plan from
-# PADDED_SHORT_ROW_MIN on: up to 1024, chunks of 256 on one warp, a row per
-# warp whose sums need no barrier.
-# Measured faster at rows of 576 to 768, even or faster from 1152 to 1536;
-# FusedAdd's backward with ds and RMSNorm's forward measured mixed so,
-# LayerNorm's kernels slower than on PADDED_TILE_WARPS, the row norms'
-# trained backwards slower (their dw needs the tile). PolyNorm's trained
-# backward, whose dw sums are scalars, measured slower too until its (M, 4)
-# scratch was folded (PARTIAL_FOLD_ROWS) (NOTES.md, section 6).
+# PADDED_SHORT_ROW_MIN on: up to 1024 (PolyNorm's: POLY_WARP_ROW_MAX), chunks
+# of 256 on one warp, a row per warp whose sums need no barrier. Measured
+# faster at rows of 576 to 768, even or faster from 1152 to 1536; FusedAdd's
+# backward with ds and RMSNorm's forward measured mixed so, LayerNorm's
+# kernels slower than on PADDED_TILE_WARPS, the row norms' trained backwards
+# slower (their dw needs the tile). PolyNorm's trained backward, whose dw
+# sums are scalars, measured slower too until its (M, 4) scratch was folded
+# (PARTIAL_FOLD_ROWS) (NOTES.md, section 6).
 PADDED_SHORT_ROW_MIN = 512
 # In a tile, Triton spreads the columns over the warps, so the padded
 # columns take whole warps: a row of 576 in a [4, 1024] tile of 4 warps
@@ -253,6 +253,13 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # long-row kernel faster frozen, slower trained), so the tile keeps it.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
+# Rows up to POLY_WARP_ROW_MAX on the long-row plan (PolyNorm's forward past
+# POLY_FWD_ROW_BLOCK_MAX, its backward's padded rows) walk chunks of one
+# warp's 32 x LONG_ELEMENTS_PER_THREAD = 256 elements: the row's sums stay in
+# the warp (no barrier), and a partial last chunk is a block of its own
+# (section 8). Measured faster at rows of 1152 to 2304, forward and backward;
+# at 2560, which 4-warp chunks of 512 fit exactly, slower (NOTES.md, section 6).
+POLY_WARP_ROW_MAX = 2304
 # Bytes one warp loads side by side: 32 lanes of one 16-byte vector each. In a
 # [ROWS, BLOCK_N] tile Triton lays a row longer than that across several warps,
 # and every row reduction then crosses warps through shared memory and a
@@ -2311,6 +2318,13 @@ class GroupNorm(torch.nn.GroupNorm):
 # rows up to POLY_ROW_BLOCK_MAX in a tile; longer ones take section 4's
 # long-row backward with three or four per-group sums (dy * x^k, and dy for
 # db), and one row's sums are its own dw/db partials: an (M, 4) scratch.
+# Both kernels do several times the row norms' arithmetic per element loaded,
+# enough that the lanes a partial last chunk masks off cost time. In one-warp
+# programs (chunks of 256 and less) such a chunk runs as a block of its own,
+# the power of two that holds it (576 = 2 x 256 + 64, not 3 x 256;
+# `_tail_block`), whose sums stay in the warp. With more warps its separate
+# sum crosses warps, and measured slower than the masked lanes (NOTES.md,
+# section 6).
 
 
 def poly_norm_reference(x, weight, bias, eps=1e-6):
@@ -2390,7 +2404,7 @@ def _poly_norm_fwd_kernel(
 def _long_poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # as _poly_norm_fwd_kernel
     stride_x, stride_y, eps,
-    N: tl.constexpr, BLOCK_N: tl.constexpr, PRESUM: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr,
 ):
     """PolyNorm forward of rows longer than POLY_FWD_ROW_BLOCK_MAX: the delta on
     `_long_row_norm_fwd_kernel` is three per-group sums (of x^2, x^4, x^6)
@@ -2399,8 +2413,10 @@ def _long_poly_norm_fwd_kernel(
     Grid: (M,), one row per program; pass 1 over BLOCK_N-element chunks
     (evict_last), the three sums reduced across groups once after the loop;
     pass 2 last chunk first (evict_first), mostly from L2. N is a compile-time
-    constant, as in the row norms' long-row kernels. Pointers and dtypes as
-    `_poly_norm_fwd_kernel`.
+    constant, as in the row norms' long-row kernels. A partial last chunk (N
+    not a multiple of BLOCK_N) runs with its lanes past N masked where TAIL =
+    BLOCK_N, else as one block of TAIL elements, in both passes
+    (`_tail_block`). Pointers and dtypes as `_poly_norm_fwd_kernel`.
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -2419,22 +2435,39 @@ def _long_poly_norm_fwd_kernel(
     # programs per SM instead of four; after it, 40 (three). The whole chunks
     # keep their mask, always true: without it the row of 16384 took 40
     # (NOTES.md, section 6).
+    # A partial last chunk is masked in the chunk's layout up to END, or with
+    # TAIL < BLOCK_N one group of TAIL lanes of its own, summed apart.
     FULL: tl.constexpr = N // BLOCK_N * BLOCK_N
+    END: tl.constexpr = FULL if TAIL < BLOCK_N else N
     for start in range(0, FULL, BLOCK_N):
         cols = start + groups
         x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
         s1_v, s2_v, s3_v = _add_even_powers(x, s1_v, s2_v, s3_v)
-    if FULL < N:
+    if FULL < END:
         tail = FULL + groups
         x_tail = tl.load(X + tail, mask=tail < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
         s1_v, s2_v, s3_v = _add_even_powers(x_tail, s1_v, s2_v, s3_v)
-    r1, r2, r3 = _poly_rstd(tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), N, eps)
+    s1, s2, s3 = tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0)
+    if END < N:
+        tail = FULL + _lane_groups(TAIL, TAIL)
+        x_tail = tl.load(X + tail, mask=tail < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        t1, t2, t3 = _add_even_powers(x_tail, 0.0, 0.0, 0.0)
+        s1, s2, s3 = s1 + tl.sum(t1, axis=0), s2 + tl.sum(t2, axis=0), s3 + tl.sum(t3, axis=0)
+    r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
     _store_poly_stats(Rstd, row, True, r1, r2, r3)
-    last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-    for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
-        cols = (last - k) + lanes
-        x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(Y + cols, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=cols < N)
+    if END < N:   # pass 2, last chunk first: still in L2
+        _poly_apply_chunk(X, Y, FULL + tl.arange(0, TAIL), N, r1, r2, r3, w0, w1, w2, bias)
+    last: tl.constexpr = (END - 1) // BLOCK_N * BLOCK_N
+    for k in range(0, END, BLOCK_N):
+        _poly_apply_chunk(X, Y, (last - k) + lanes, N, r1, r2, r3, w0, w1, w2, bias)
+
+
+@triton.jit
+def _poly_apply_chunk(X, Y, cols, N, r1, r2, r3, w0, w1, w2, bias):
+    """Pass 2 of `_long_poly_norm_fwd_kernel` on the chunk `cols` of a row: y
+    from x (read evict_first: its last use)."""
+    x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    tl.store(Y + cols, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -2523,7 +2556,7 @@ def _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2):
 def _long_poly_norm_bwd_kernel(
     DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3) fp32; Partial: (M, 4) fp32
     stride_dy, stride_x, stride_dx,
-    N: tl.constexpr, BLOCK_N: tl.constexpr, PRESUM: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
 ):
     """PolyNorm backward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
@@ -2537,7 +2570,8 @@ def _long_poly_norm_bwd_kernel(
     m's (dw_0, dw_1, dw_2, db) summands, N * (a_3, a_2, a_1) and sum(dy),
     which `_reduce_partials` then sums over the rows. Other pointers and the
     dtypes as `_poly_norm_bwd_kernel`. N is a compile-time constant and
-    PRESUM a group's size, as in `_long_row_norm_bwd_kernel`.
+    PRESUM a group's size, as in `_long_row_norm_bwd_kernel`; TAIL as in
+    `_long_poly_norm_fwd_kernel`.
 
     Flags (each False removes code):
       COMPUTE_DX  pass 2: the second read of x and dy, dx and its stores.
@@ -2554,32 +2588,54 @@ def _long_poly_norm_bwd_kernel(
     s2_v = s1_v
     s3_v = s1_v
     sdy_v = s1_v
-    for start in range(0, N, BLOCK_N):
-        cols = start + groups
-        mask = cols < N
-        x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        dy = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        p1, p2, p3 = _dy_powers(x, dy)
-        s1_v += tl.sum(p1, axis=1)
-        s2_v += tl.sum(p2, axis=1)
-        s3_v += tl.sum(p3, axis=1)
+    # The loops take the chunks up to END (as in the forward): a partial last
+    # one masked, or with TAIL < BLOCK_N the whole ones, and after them the
+    # partial one as one group of TAIL lanes, summed apart.
+    FULL: tl.constexpr = N // BLOCK_N * BLOCK_N
+    END: tl.constexpr = FULL if TAIL < BLOCK_N else N
+    for start in range(0, END, BLOCK_N):
+        s1_v, s2_v, s3_v, sdy_v = _add_dy_powers(X, DY, start + groups, N, s1_v, s2_v, s3_v, sdy_v, COMPUTE_DB)
+    s1, s2, s3, sdy = tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), tl.sum(sdy_v, axis=0)
+    if END < N:
+        t1, t2, t3, tdy = _add_dy_powers(X, DY, FULL + _lane_groups(TAIL, TAIL), N, 0.0, 0.0, 0.0, 0.0, COMPUTE_DB)
+        s1, s2, s3 = s1 + tl.sum(t1, axis=0), s2 + tl.sum(t2, axis=0), s3 + tl.sum(t3, axis=0)
         if COMPUTE_DB:
-            sdy_v += tl.sum(dy, axis=1)
-    s1 = tl.sum(s1_v, axis=0) * r1   # N * a_1 = sum(dy * uhat_1)
-    s2 = tl.sum(s2_v, axis=0) * r2
-    s3 = tl.sum(s3_v, axis=0) * r3
-    _store_poly_partial(Partial, row, s3, s2, s1, tl.sum(sdy_v, axis=0), COMPUTE_DW, COMPUTE_DB)
+            sdy += tl.sum(tdy, axis=0)
+    s1 *= r1   # N * a_1 = sum(dy * uhat_1)
+    s2 *= r2
+    s3 *= r3
+    _store_poly_partial(Partial, row, s3, s2, s1, sdy, COMPUTE_DW, COMPUTE_DB)
     if COMPUTE_DX:   # (DX is None without it)
         DX += row * stride_dx
         lanes = tl.arange(0, BLOCK_N)
-        last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-        for k in range(0, N, BLOCK_N):   # last chunk first: still in L2
-            cols = (last - k) + lanes
-            mask = cols < N
-            x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dy = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            dx = _poly_dx(x, dy, r1, r2, r3, s1 / N, s2 / N, s3 / N, w0, w1, w2)
-            tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        if END < N:   # last chunk first, as in the forward
+            _poly_dx_chunk(X, DY, DX, FULL + tl.arange(0, TAIL), N, r1, r2, r3, s1, s2, s3, w0, w1, w2)
+        last: tl.constexpr = (END - 1) // BLOCK_N * BLOCK_N
+        for k in range(0, END, BLOCK_N):
+            _poly_dx_chunk(X, DY, DX, (last - k) + lanes, N, r1, r2, r3, s1, s2, s3, w0, w1, w2)
+
+
+@triton.jit
+def _add_dy_powers(X, DY, cols, N, s1_v, s2_v, s3_v, sdy_v, WITH_DY: tl.constexpr):
+    """Pass 1 of `_long_poly_norm_bwd_kernel` on the chunk `cols` of a row (a
+    `_lane_groups` view): the per-group sums plus the chunk's dy * x^k, and
+    with WITH_DY its dy (x and dy read evict_last: pass 2 reads them again)."""
+    x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    dy = tl.load(DY + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    p1, p2, p3 = _dy_powers(x, dy)
+    if WITH_DY:
+        sdy_v += tl.sum(dy, axis=1)
+    return s1_v + tl.sum(p1, axis=1), s2_v + tl.sum(p2, axis=1), s3_v + tl.sum(p3, axis=1), sdy_v
+
+
+@triton.jit
+def _poly_dx_chunk(X, DY, DX, cols, N, r1, r2, r3, s1, s2, s3, w0, w1, w2):
+    """Pass 2 of `_long_poly_norm_bwd_kernel` on the chunk `cols` of a row: dx
+    from x, dy (read evict_first: their last use) and the row sums s_k = N * a_k."""
+    x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dy = tl.load(DY + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    dx = _poly_dx(x, dy, r1, r2, r3, s1 / N, s2 / N, s3 / N, w0, w1, w2)
+    tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=cols < N)
 
 
 @triton.jit
@@ -2642,6 +2698,22 @@ def _poly_norm_bwd_kernel(
                         tl.sum(acc_dy, axis=0), COMPUTE_DW, COMPUTE_DB)
 
 
+def _poly_long_tiling(t: _RowTiling, N: int) -> _RowTiling:
+    """PolyNorm's plan `t` with chunks of one warp for long-row rows up to
+    POLY_WARP_ROW_MAX (see the constant)."""
+    if t.one_pass or N > POLY_WARP_ROW_MAX:
+        return t
+    return t._replace(block_n=min(t.block_n, 32 * LONG_ELEMENTS_PER_THREAD), num_warps=1)
+
+
+def _tail_block(N: int, t: _RowTiling) -> int:
+    """TAIL of PolyNorm's long-row kernels on the chunks of `t`: in one-warp
+    programs, the power of two that holds the partial last chunk of a row (N
+    mod t.block_n elements); else (or with no partial chunk) t.block_n."""
+    rest = N % t.block_n
+    return _pow2(rest) if rest and t.num_warps == 1 else t.block_n
+
+
 def _poly_norm_outputs(x):
     """What `poly_norm_forward` returns, allocated: y like x (contiguous: row
     stride N) and rstd, (M, 3) fp32."""
@@ -2659,7 +2731,8 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # Short rows batched in tiles, one program per tile as in the row norms'
     # forward (a persistent grid measured slower at rows of 256 and 1024);
     # longer rows: the row norms' long-row plan of chunks.
-    t = _row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
+    t = _poly_long_tiling(_row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True,
+                                      padded_min=PADDED_SHORT_ROW_MIN), N)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
@@ -2667,6 +2740,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
                                              num_warps=t.num_warps)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
+                                         TAIL=_tail_block(N, t),
                                          PRESUM=_long_forward_presum(N, 3),
                                          num_warps=t.num_warps)
     return y, rstd
@@ -2688,8 +2762,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    t = _row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
-                    padded_min=PADDED_SHORT_ROW_MIN)
+    t = _poly_long_tiling(_row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX,
+                                      padded_long=True, padded_min=PADDED_SHORT_ROW_MIN), N)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many
@@ -2712,7 +2786,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         partial = torch.empty((M, 4), dtype=torch.float32, device=x.device) if trains else None
         _long_poly_norm_bwd_kernel[(M,)](
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
-            N=N, BLOCK_N=t.block_n, PRESUM=LONG_PRESUM,
+            N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))

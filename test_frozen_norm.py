@@ -334,6 +334,27 @@ def test_reduce_partials_fold(P, n_a, n_b, fold, bands, monkeypatch):
         assert rel_error(outs[1], ref[n_a:]) < TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
+                         ids=["one-warp-tail-block", "masked"])
+def test_poly_long_rows_tail(warp_row_max, warps, tail, monkeypatch):
+    """PolyNorm's long-row kernels on rows of 200 in chunks of 32, the last
+    one partial (8 elements): in one-warp programs (rows up to
+    POLY_WARP_ROW_MAX) as a block of 8 of its own; past it (here 100, with
+    a LONG_CHUNK_MIN of 32) on MIN_WARPS warps, masked in a chunk of 32
+    (TAIL, as launched); both against float64."""
+    _long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "POLY_WARP_ROW_MAX", warp_row_max)
+    monkeypatch.setattr(fn, "LONG_CHUNK_MIN", 32)
+    x, _, _, w3, b1 = _meta_rows(200)
+    first = _first_launches({"forward": lambda: fn.poly_norm_forward(x, w3, b1),
+                             "backward": lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3])})
+    for launch in first.values():
+        assert launch.name.startswith("_long_poly") and launch.num_warps == warps, launch.name
+        assert (launch.constexprs["BLOCK_N"], launch.constexprs["TAIL"]) == (32, tail)
+    check_op(OPS["poly"], (37, 200), torch.float32, ALL_TRAIN["poly"], _with_grads("poly"))
+    check_op(OPS["poly"], (37, 200), torch.bfloat16, ALL_FROZEN["poly"], _with_grads("poly"))
+
+
 def test_poly_long_rows_folded(monkeypatch):
     """PolyNorm's long-row backward leaves one partial row per row (37 here):
     with PARTIAL_FOLD_ROWS = 8 its dw and db fold in bands before the final
@@ -343,7 +364,7 @@ def test_poly_long_rows_folded(monkeypatch):
     check_op(OPS["poly"], (37, 200), torch.float32, ALL_TRAIN["poly"], _with_grads("poly"))
 
 
-@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 def test_long_row_chunk_past_the_row(name, monkeypatch):
     """The long-row kernels with LONG_MIN_CHUNKS = 1 (a tuning override): the
     first chunk is wider than the row, so lanes past N hold no element."""
@@ -514,28 +535,30 @@ def test_padded_short_rows_plan(N):
     their tile (real limits). PolyNorm's forward and backward and RMSNorm's
     frozen backward take the long-row kernels for rows over
     PADDED_SHORT_ROW_MIN (chunks of 256 on one warp up to 1024, of 512 on
-    MIN_WARPS beyond; PolyNorm's forward takes rows over 1024 so anyway, on
-    one warp up to 1280); LayerNorm's forward and frozen backward run their
-    tiles on PADDED_TILE_WARPS warps; every other call, FusedAdd's frozen
-    backward with ds too, stays in a tile of MIN_WARPS. The first launch of
-    each call, on meta tensors."""
+    MIN_WARPS beyond, PolyNorm's on one warp up to POLY_WARP_ROW_MAX; its
+    forward takes rows over 1024 so anyway); LayerNorm's forward and frozen
+    backward run their tiles on PADDED_TILE_WARPS warps; every other call,
+    FusedAdd's frozen backward with ds too, stays in a tile of MIN_WARPS. The
+    first launch of each call, on meta tensors."""
     padded = N <= fn.PADDED_ROW_FILL * fn._pow2(N)
     assert padded == (N in (384, 576, 768, 1152, 1280, 1536))
     tile, fewer = (False, fn.MIN_WARPS), (False, fn.PADDED_TILE_WARPS if padded else fn.MIN_WARPS)
-    frozen = (True, 1 if N <= 1024 else fn.MIN_WARPS) if padded and N > fn.PADDED_SHORT_ROW_MIN else tile
-    poly_long = (padded and N > fn.PADDED_SHORT_ROW_MIN) or N > fn.POLY_FWD_ROW_BLOCK_MAX
-    poly_forward = (poly_long, 1 if poly_long and N <= 1280 else fn.MIN_WARPS)
+    long_padded = padded and N > fn.PADDED_SHORT_ROW_MIN
+    frozen = (True, 1 if N <= 1024 else fn.MIN_WARPS) if long_padded else tile
+    poly = (True, 1) if long_padded else tile   # one warp up to POLY_WARP_ROW_MAX
+    poly_long = long_padded or N > fn.POLY_FWD_ROW_BLOCK_MAX
+    poly_forward = (poly_long, 1 if poly_long else fn.MIN_WARPS)
     x, r, w, w3, b1 = _meta_rows(N)
     calls = {
         "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), fewer),
         "ln backward, w and b frozen": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, False, False), fewer),
         "rms backward, w frozen": (lambda: fn.rms_norm_backward(x, x, w, r, compute_dw=False), frozen),
         "fadd backward, w frozen": (lambda: fn.fused_add_rms_norm_backward(x, x, x, w, r, compute_dw=False), tile),
-        "poly backward, frozen": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3], True, False, False), frozen),
+        "poly backward, frozen": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3], True, False, False), poly),
         "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), tile),
         "fadd forward": (lambda: fn.fused_add_rms_norm_forward(x, x, w), tile),
         "ln backward, w trained": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, True, False), tile),
-        "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), frozen),
+        "poly backward, trained": (lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3]), poly),
         "poly forward": (lambda: fn.poly_norm_forward(x, w3, b1), poly_forward),
     }
     first = _first_launches({what: call for what, (call, _) in calls.items()})
