@@ -253,12 +253,14 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # long-row kernel faster frozen, slower trained), so the tile keeps it.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
-# Rows up to POLY_WARP_ROW_MAX on the long-row plan (PolyNorm's forward past
-# POLY_FWD_ROW_BLOCK_MAX, its backward's padded rows) walk chunks of one
-# warp's 32 x LONG_ELEMENTS_PER_THREAD = 256 elements: the row's sums stay in
-# the warp (no barrier), and a partial last chunk is a block of its own
-# (section 8). Measured faster at rows of 1152 to 2304, forward and backward;
-# at 2560, which 4-warp chunks of 512 fit exactly, slower (NOTES.md, section 6).
+# 16-bit rows up to POLY_WARP_ROW_MAX on the long-row plan (PolyNorm's
+# forward past POLY_FWD_ROW_BLOCK_MAX, its backward's padded rows) walk chunks
+# of one warp's 32 x LONG_ELEMENTS_PER_THREAD = 256 elements: the row's sums
+# stay in the warp (no barrier), and a partial last chunk is a block of its
+# own (section 8). Measured faster at rows of 1152 to 2304, forward and
+# backward; slower at 2048 and 2560, which 4-warp chunks of 512 fit exactly
+# (the forward; the backward holds 2048 in a tile), and in fp32, whose rows of
+# 1536 to 2304 on one warp keep too few bytes in flight (NOTES.md, section 6).
 POLY_WARP_ROW_MAX = 2304
 # Bytes one warp loads side by side: 32 lanes of one 16-byte vector each. In a
 # [ROWS, BLOCK_N] tile Triton lays a row longer than that across several warps,
@@ -2698,10 +2700,11 @@ def _poly_norm_bwd_kernel(
                         tl.sum(acc_dy, axis=0), COMPUTE_DW, COMPUTE_DB)
 
 
-def _poly_long_tiling(t: _RowTiling, N: int) -> _RowTiling:
-    """PolyNorm's plan `t` with chunks of one warp for long-row rows up to
-    POLY_WARP_ROW_MAX (see the constant)."""
-    if t.one_pass or N > POLY_WARP_ROW_MAX:
+def _poly_long_tiling(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
+    """PolyNorm's plan `t` for x's rows, with chunks of one warp for 16-bit
+    long-row rows up to POLY_WARP_ROW_MAX but powers of two (see the constant)."""
+    N = x.shape[-1]
+    if t.one_pass or N > POLY_WARP_ROW_MAX or N == _pow2(N) or x.element_size() > 2:
         return t
     return t._replace(block_n=min(t.block_n, 32 * LONG_ELEMENTS_PER_THREAD), num_warps=1)
 
@@ -2732,7 +2735,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # forward (a persistent grid measured slower at rows of 256 and 1024);
     # longer rows: the row norms' long-row plan of chunks.
     t = _poly_long_tiling(_row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True,
-                                      padded_min=PADDED_SHORT_ROW_MIN), N)
+                                      padded_min=PADDED_SHORT_ROW_MIN), x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
@@ -2763,7 +2766,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
     t = _poly_long_tiling(_row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX,
-                                      padded_long=True, padded_min=PADDED_SHORT_ROW_MIN), N)
+                                      padded_long=True, padded_min=PADDED_SHORT_ROW_MIN), x)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

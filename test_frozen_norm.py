@@ -334,6 +334,23 @@ def test_reduce_partials_fold(P, n_a, n_b, fold, bands, monkeypatch):
         assert rel_error(outs[1], ref[n_a:]) < TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.parametrize("dtype, N, warps", [(torch.bfloat16, 1536, 1), (torch.bfloat16, 2304, 1),
+                                             (torch.bfloat16, 2048, fn.MIN_WARPS), (torch.bfloat16, 2560, fn.MIN_WARPS),
+                                             (torch.float32, 1536, fn.MIN_WARPS), (torch.float32, 2304, fn.MIN_WARPS)])
+def test_poly_warp_rows_plan(dtype, N, warps):
+    """PolyNorm's long-row kernels on one warp for 16-bit rows up to
+    POLY_WARP_ROW_MAX (real limits) but powers of two; fp32 rows, 2048 and
+    longer rows keep MIN_WARPS. The forward's first launch, and the
+    backward's where the row is padded (2048 is in a tile there)."""
+    x = torch.empty(3, N, device="meta", dtype=dtype)
+    w3, b1 = torch.empty(3, device="meta"), torch.empty(1, device="meta")
+    calls = {"forward": lambda: fn.poly_norm_forward(x, w3, b1)}
+    if N != fn._pow2(N):
+        calls["backward"] = lambda: fn.poly_norm_backward(x, x, w3, b1, x[:, :3].float())
+    for what, launch in _first_launches(calls).items():
+        assert launch.name.startswith("_long_poly") and launch.num_warps == warps, (what, launch.name)
+
+
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
                          ids=["one-warp-tail-block", "masked"])
 def test_poly_long_rows_tail(warp_row_max, warps, tail, monkeypatch):
