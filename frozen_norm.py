@@ -2214,8 +2214,8 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     not computed or has no parameter. `bias` gives db its shape and dtype; the
     kernels do not read it.
 
-    Scratch: a (B, C) fp32 buffer per trained parameter, summed over B by one
-    launch. With w and b frozen, nothing but dx.
+    Scratch: a (B, C) fp32 buffer per trained parameter, summed over B by
+    `_reduce_partials`. With w and b frozen, nothing but dx.
     """
     B, C = x.shape[:2]
     HW = math.prod(x.shape[2:])
@@ -2756,7 +2756,9 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     Scratch: with dw or db asked, one (P, 4) fp32 buffer (P: the persistent
     grid, about THREADS_PER_SM threads per SM, at most one program per tile),
     or (M, 4) for rows on the long-row plan (one program per row: rows longer
-    than POLY_ROW_BLOCK_MAX, and padded ones, PADDED_ROW_FILL).
+    than POLY_ROW_BLOCK_MAX, and padded ones, PADDED_ROW_FILL), which
+    `_reduce_partials` folds into (M / PARTIAL_FOLD_ROWS, 3) and (.., 1)
+    buffers first when M is over PARTIAL_FOLD_ROWS.
     """
     N = x.shape[-1]
     (x2, M, stride_x), (dy2, _, stride_dy) = _as_rows(x, N), _as_rows(dy, N)
