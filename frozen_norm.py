@@ -18,7 +18,8 @@ What you will learn by reading it
 * How to derive each norm's backward, and which of its terms a frozen weight
   removes.
 * A deterministic weight-gradient reduction without atomics: per-program fp32
-  partial sums in registers, then one small fixed-order sum.
+  partial sums in registers, then a small fixed-order sum (a tall partial
+  folded in bands first).
 * How a tile's shape steers Triton's layout: rows loaded as lines of what
   one warp reads, so that a row's reductions never leave its warp
   (`_segment_tile`, PolyNorm); and why the forwards store their row
@@ -292,8 +293,9 @@ POLY_BWD_MAX_REGISTERS = 128
 # faster (NOTES.md, section 6), where the row norms' tiles measured even.
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # Warps per program: at least 4 to keep a tile's loads wide (but for padded
-# tiles, PADDED_TILE_WARPS, and chunks shorter than LONG_CHUNK_MIN: one),
-# at most 32 (1024 threads, the hardware limit).
+# tiles, PADDED_TILE_WARPS, and for chunks shorter than LONG_CHUNK_MIN and
+# PolyNorm's chunks of rows up to POLY_WARP_ROW_MAX: one), at most 32 (1024
+# threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
 # Persistent grids: threads per SM to aim for. The programs loop over tiles
 # through a software pipeline, so 512 threads keep memory busy, and at up to
@@ -2733,7 +2735,8 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
         return y, rstd
     # Short rows batched in tiles, one program per tile as in the row norms'
     # forward (a persistent grid measured slower at rows of 256 and 1024);
-    # longer rows: the row norms' long-row plan of chunks.
+    # longer rows: the row norms' long-row plan of chunks, on one warp for
+    # 16-bit rows up to POLY_WARP_ROW_MAX (`_poly_long_tiling`).
     t = _poly_long_tiling(_row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True,
                                       padded_min=PADDED_SHORT_ROW_MIN), x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
