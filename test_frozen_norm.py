@@ -1080,7 +1080,8 @@ def _outputs_and_grads(op, d):
 def test_deterministic(name, monkeypatch):
     """The same inputs give bitwise-identical outputs and gradients, run after
     run (GroupNorm also through the long-row kernels, per-channel sums and
-    all; PolyNorm also with rows past POLY_ROW_BLOCK_MAX)."""
+    all; PolyNorm also with rows past POLY_ROW_BLOCK_MAX, whose (37, 4)
+    scratch folds in bands of PARTIAL_FOLD_ROWS = 8)."""
     shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((300, 100), None)
     if name == "gn-long-rows":
         name, shape, groups = "gn", (3, 6, 8, 8), 3
@@ -1089,6 +1090,7 @@ def test_deterministic(name, monkeypatch):
     if name == "poly-long-rows":
         name, shape = "poly", (37, 100)
         _long_rows_from(64, monkeypatch)
+        monkeypatch.setattr(fn, "PARTIAL_FOLD_ROWS", 8)
     op = OPS[name]
     torch.manual_seed(1)
     d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
