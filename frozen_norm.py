@@ -2468,8 +2468,8 @@ def _long_poly_norm_fwd_kernel(
 
 @triton.jit
 def _poly_apply_chunk(X, Y, cols, N, r1, r2, r3, w0, w1, w2, bias):
-    """Pass 2 of `_long_poly_norm_fwd_kernel` on the chunk `cols` of a row: y
-    from x (read evict_first: its last use)."""
+    """Pass 2 of `_long_poly_norm_fwd_kernel` on the chunk `cols` of a row:
+    y of x, which it reads evict_first (its last use)."""
     x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
     tl.store(Y + cols, _poly_apply(x, r1, r2, r3, w0, w1, w2, bias).to(Y.dtype.element_ty), mask=cols < N)
 
@@ -2634,8 +2634,9 @@ def _add_dy_powers(X, DY, cols, N, s1_v, s2_v, s3_v, sdy_v, WITH_DY: tl.constexp
 
 @triton.jit
 def _poly_dx_chunk(X, DY, DX, cols, N, r1, r2, r3, s1, s2, s3, w0, w1, w2):
-    """Pass 2 of `_long_poly_norm_bwd_kernel` on the chunk `cols` of a row: dx
-    from x, dy (read evict_first: their last use) and the row sums s_k = N * a_k."""
+    """Pass 2 of `_long_poly_norm_bwd_kernel` on the chunk `cols` of a row:
+    dx of x and dy, which it reads evict_first (their last use), and of the
+    row sums s_k = N * a_k."""
     x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
     dy = tl.load(DY + cols, mask=cols < N, other=0.0, eviction_policy="evict_first").to(tl.float32)
     dx = _poly_dx(x, dy, r1, r2, r3, s1 / N, s2 / N, s3 / N, w0, w1, w2)
