@@ -2433,29 +2433,22 @@ def _long_poly_norm_fwd_kernel(
     s1_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     s2_v = s1_v
     s3_v = s1_v
-    # The whole chunks in the loop, a partial last one after it. Inside the
-    # loop, ptxas (Triton 3.6) gave a row of 14848 (four 4096-element chunks,
-    # the last partial) 49 registers against 32 at 16384: two 16-warp
-    # programs per SM instead of four; after it, 40 (three). The whole chunks
-    # keep their mask, always true: without it the row of 16384 took 40
-    # (NOTES.md, section 6).
-    # A partial last chunk is masked in the chunk's layout up to END, or with
-    # TAIL < BLOCK_N one group of TAIL lanes of its own, summed apart.
+    # The whole chunks in the loop, a partial last one after it: masked in the
+    # chunk's layout (END = N), or with TAIL < BLOCK_N one group of TAIL lanes
+    # of its own, summed apart. Inside the loop, ptxas (Triton 3.6) gave a
+    # row of 14848 (four 4096-element chunks, the last partial) 49 registers
+    # against 32 at 16384: two 16-warp programs per SM instead of four; after
+    # it, 40 (three). The whole chunks keep their mask, always true: without
+    # it the row of 16384 took 40 (NOTES.md, section 6).
     FULL: tl.constexpr = N // BLOCK_N * BLOCK_N
     END: tl.constexpr = FULL if TAIL < BLOCK_N else N
     for start in range(0, FULL, BLOCK_N):
-        cols = start + groups
-        x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        s1_v, s2_v, s3_v = _add_even_powers(x, s1_v, s2_v, s3_v)
+        s1_v, s2_v, s3_v = _add_even_powers(X, start + groups, N, s1_v, s2_v, s3_v)
     if FULL < END:
-        tail = FULL + groups
-        x_tail = tl.load(X + tail, mask=tail < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        s1_v, s2_v, s3_v = _add_even_powers(x_tail, s1_v, s2_v, s3_v)
+        s1_v, s2_v, s3_v = _add_even_powers(X, FULL + groups, N, s1_v, s2_v, s3_v)
     s1, s2, s3 = tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0)
     if END < N:
-        tail = FULL + _lane_groups(TAIL, TAIL)
-        x_tail = tl.load(X + tail, mask=tail < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        t1, t2, t3 = _add_even_powers(x_tail, 0.0, 0.0, 0.0)
+        t1, t2, t3 = _add_even_powers(X, FULL + _lane_groups(TAIL, TAIL), N, 0.0, 0.0, 0.0)
         s1, s2, s3 = s1 + tl.sum(t1, axis=0), s2 + tl.sum(t2, axis=0), s3 + tl.sum(t3, axis=0)
     r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
     _store_poly_stats(Rstd, row, True, r1, r2, r3)
@@ -2475,9 +2468,11 @@ def _poly_apply_chunk(X, Y, cols, N, r1, r2, r3, w0, w1, w2, bias):
 
 
 @triton.jit
-def _add_even_powers(x, s1_v, s2_v, s3_v):
-    """The per-group sums of `_long_poly_norm_fwd_kernel` plus a chunk's x^2,
-    x^4, x^6 (x viewed as [BLOCK_N / PRESUM, PRESUM], `_lane_groups`)."""
+def _add_even_powers(X, cols, N, s1_v, s2_v, s3_v):
+    """Pass 1 of `_long_poly_norm_fwd_kernel` on the chunk `cols` of a row (a
+    `_lane_groups` view): the per-group sums plus the chunk's x^2, x^4, x^6
+    (x read evict_last: pass 2 reads it again)."""
+    x = tl.load(X + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
     x2 = x * x
     x4 = x2 * x2
     return s1_v + tl.sum(x2, axis=1), s2_v + tl.sum(x4, axis=1), s3_v + tl.sum(x4 * x2, axis=1)
