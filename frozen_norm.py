@@ -190,7 +190,12 @@ PADDED_SHORT_ROW_MIN = 512
 # faster in LayerNorm's forward and frozen backward at rows of 384 to 1536;
 # RMSNorm's (one row sum; FusedAdd shares its kernels) measured mixed, and
 # the trained backwards slower: they keep MIN_WARPS (NOTES.md, section 6).
+# Padded tiles of rows up to PADDED_WARP_ROW_MAX (the tile's power of two)
+# run on one warp instead, with half the rows, so the same elements per
+# thread: a row's sums stay in the warp, no barrier. Measured faster at rows
+# of 384 to 640; at 1152 and 1280 (tiles of 2048) one warp measured slower.
 PADDED_TILE_WARPS = 2
+PADDED_WARP_ROW_MAX = 1024
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -293,9 +298,9 @@ POLY_BWD_MAX_REGISTERS = 128
 # faster (NOTES.md, section 6), where the row norms' tiles measured even.
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # Warps per program: at least 4 to keep a tile's loads wide (but for padded
-# tiles, PADDED_TILE_WARPS, and for chunks shorter than LONG_CHUNK_MIN and
-# PolyNorm's chunks of rows up to POLY_WARP_ROW_MAX: one), at most 32 (1024
-# threads, the hardware limit).
+# tiles, PADDED_TILE_WARPS or one, and for chunks shorter than LONG_CHUNK_MIN
+# and PolyNorm's chunks of rows up to POLY_WARP_ROW_MAX: one), at most 32
+# (1024 threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
 # Persistent grids: threads per SM to aim for. The programs loop over tiles
 # through a software pipeline, so 512 threads keep memory busy, and at up to
@@ -453,7 +458,7 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     ROW_BLOCK_MAX), and with `padded_long` also for rows that fill their
     tile poorly (PADDED_ROW_FILL) and are longer than `padded_min` (default
     PADDED_ROW_MIN); with `padded_tile`, the tiles of such rows that stay in
-    one run on at most PADDED_TILE_WARPS warps."""
+    one run on at most PADDED_TILE_WARPS warps (one up to PADDED_WARP_ROW_MAX)."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
@@ -461,7 +466,7 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     padded = None
     if padded_long or padded_tile:
         padded = (PADDED_ROW_FILL, (padded_min or PADDED_ROW_MIN) if padded_long else None,
-                  PADDED_TILE_WARPS if padded_tile else None)
+                  (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) if padded_tile else None)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, (LONG_CHUNK_MIN, LONG_CHUNK_MAX),
                               LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
 
@@ -473,9 +478,9 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # constant (the benchmark's --set) plans afresh; warp_limits only keys the
     # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
     # padded = (PADDED_ROW_FILL, the length past which padded rows take the
-    # long-row plan or None, PADDED_TILE_WARPS or None). A padded row: one the
-    # tile would hold, but poorly (rows past block_max take the long-row plan
-    # anyway, and keep its one halving).
+    # long-row plan or None, (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) or None).
+    # A padded row: one the tile would hold, but poorly (rows past block_max
+    # take the long-row plan anyway, and keep its one halving).
     fill, long_min, tile_warps = padded or (0.0, None, None)
     padded_row = N <= min(block_max, fill * _pow2(N))
     if N > block_max or (padded_row and long_min is not None and N > long_min):
@@ -493,7 +498,9 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     rows = min(max(1, tile_elements // block_n), _pow2(M))
     warps = _warps_for(rows * block_n, elements_per_thread)
     if padded_row and tile_warps:
-        warps = min(warps, tile_warps)
+        warps = min(warps, tile_warps[0])
+        if block_n <= tile_warps[1]:   # one warp, as many elements per thread
+            rows, warps = max(1, rows // warps), 1
     return _RowTiling(rows, block_n, True, warps, _cdiv(M, rows))
 
 

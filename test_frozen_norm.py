@@ -547,19 +547,21 @@ def test_padded_rows_plan(N):
 
 
 @pytest.mark.parametrize("N", [384, 576, 768, 896, 1024, 1152, 1280, 1536])
-def test_padded_short_rows_plan(N):
+def test_padded_short_rows_plan(N, monkeypatch):
     """Rows of PADDED_ROW_MIN or less that fill at most PADDED_ROW_FILL of
     their tile (real limits). PolyNorm's forward and backward and RMSNorm's
     frozen backward take the long-row kernels for rows over
     PADDED_SHORT_ROW_MIN (chunks of 256 on one warp up to 1024, of 512 on
     MIN_WARPS beyond, PolyNorm's on one warp up to POLY_WARP_ROW_MAX; its
     forward takes rows over 1024 so anyway); LayerNorm's forward and frozen
-    backward run their tiles on PADDED_TILE_WARPS warps; every other call,
-    FusedAdd's frozen backward with ds too, stays in a tile of MIN_WARPS. The
-    first launch of each call, on meta tensors."""
+    backward run their tiles on PADDED_TILE_WARPS warps, or up to
+    PADDED_WARP_ROW_MAX on one warp at as many elements per thread; every
+    other call, FusedAdd's frozen backward with ds too, stays in a tile of
+    MIN_WARPS. The first launch of each call, on meta tensors."""
     padded = N <= fn.PADDED_ROW_FILL * fn._pow2(N)
     assert padded == (N in (384, 576, 768, 1152, 1280, 1536))
-    tile, fewer = (False, fn.MIN_WARPS), (False, fn.PADDED_TILE_WARPS if padded else fn.MIN_WARPS)
+    tile = (False, fn.MIN_WARPS)
+    fewer = (False, (1 if N <= fn.PADDED_WARP_ROW_MAX else fn.PADDED_TILE_WARPS) if padded else fn.MIN_WARPS)
     long_padded = padded and N > fn.PADDED_SHORT_ROW_MIN
     frozen = (True, 1 if N <= 1024 else fn.MIN_WARPS) if long_padded else tile
     poly = (True, 1) if long_padded else tile   # one warp up to POLY_WARP_ROW_MAX
@@ -584,6 +586,11 @@ def test_padded_short_rows_plan(N):
         assert (launch.name.startswith("_long_"), launch.num_warps) == (long, warps), (what, launch.name)
     if 1024 < N <= 1280:
         assert fn._row_tiling(3, N, block_max=fn.POLY_FWD_ROW_BLOCK_MAX).block_n == 256
+    per_thread = lambda t: t.rows * t.block_n // (32 * t.num_warps)
+    ours = [fn._row_tiling(4096, N, backward=backward, padded_tile=True) for backward in (False, True)]
+    monkeypatch.setattr(fn, "PADDED_WARP_ROW_MAX", 0)   # one warp holds as much a thread as PADDED_TILE_WARPS
+    assert [per_thread(t) for t in ours] == [
+        per_thread(fn._row_tiling(4096, N, backward=backward, padded_tile=True)) for backward in (False, True)]
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
@@ -1055,11 +1062,14 @@ def test_backward_grid(name):
     columns). A trained backward deals them to a persistent grid (3
     interpreter SMs, 4 programs of 4 warps each: 12 programs, 3 tiles each,
     through the pipeline), which accumulates dw; a frozen one runs one
-    program per tile. Both against float64."""
+    program per tile (LayerNorm's, whose rows fill half their tile: 65 tiles
+    of 16 rows on one warp, PADDED_WARP_ROW_MAX). Both against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     assert fn._row_tiling(1031, 33, backward=True) == (32, 64, True, 4, 33)
+    assert fn._row_tiling(1031, 33, backward=True, padded_tile=True) == (16, 64, True, 1, 65)
     frozen = VARIANTS[name]["all frozen" if name == "ln" else "frozen w"]
-    for want, grid, tiles in ((frozen, (33,), 1), (VARIANTS[name]["trainable"], (12,), 3)):
+    frozen_grid = (65,) if name == "ln" else (33,)
+    for want, grid, tiles in ((frozen, frozen_grid, 1), (VARIANTS[name]["trainable"], (12,), 3)):
         launch = record_backward(name, (1031, 33), want, torch.float32, fn.INTERPRETER_SMS).launches[0]
         assert launch.name == "_row_norm_bwd_kernel" and launch.grid == grid and launch.args[-1] == tiles
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
