@@ -204,7 +204,16 @@ PADDED_WARP_ROW_MAX = 1024
 # section 6). PolyNorm's long-row backward takes the same cap: faster capped,
 # or even, at every length measured but 24576 (three chunks of 8192, where
 # uncapped ptxas's 32 registers let two 32-warp programs share an SM).
+# RMSNorm's and FusedAdd's, with per-lane sums (below), on 16-bit rows of at
+# least LONG_BWD_SPILL_CHUNKS whole chunks of 1024 or more (5120 = 5 x 1024,
+# 10240, 14336 = 7 x 2048) spill 16 to 64 bytes under that cap (ptxas of
+# Triton 3.6 and 3.8), and take LONG_BWD_SPILL_MAX_REGISTERS instead, of
+# which ptxas uses 80 to 106: faster there. No cap at all (56 to 74
+# registers) measured slower, and so it did in fp32, whose rows keep the cap
+# (NOTES.md, section 6).
 LONG_BWD_MAX_REGISTERS = 64
+LONG_BWD_SPILL_CHUNKS = 5
+LONG_BWD_SPILL_MAX_REGISTERS = 128
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
@@ -1583,12 +1592,17 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.
         if compute_dx:
+            presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
+            # Rows that ptxas spills under LONG_BWD_MAX_REGISTERS (see LONG_BWD_SPILL_CHUNKS):
+            # whole chunks of LONG_ELEMENTS_PER_THREAD a thread.
+            spills = (presum == 1 and x.element_size() == 2 and N % t.block_n == 0
+                      and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
+                      and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
-                BLOCK_N=t.block_n,
-                PRESUM=LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1, HW=0,
-                COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1, num_warps=t.num_warps,
-                maxnreg=LONG_BWD_MAX_REGISTERS)
+                BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
+                num_warps=t.num_warps,
+                maxnreg=LONG_BWD_SPILL_MAX_REGISTERS if spills else LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
