@@ -210,10 +210,16 @@ PADDED_WARP_ROW_MAX = 1024
 # Triton 3.6 and 3.8), and take LONG_BWD_SPILL_MAX_REGISTERS instead, of
 # which ptxas uses 80 to 106: faster there. No cap at all (56 to 74
 # registers) measured slower, and so it did in fp32, whose rows keep the cap
-# (NOTES.md, section 6).
+# (NOTES.md, section 6). RMSNorm's frozen backward (no ds) of 16-bit rows up
+# to LONG_BWD_PRESUM_AFTER halves its chunks while that pads less down to
+# LONG_BWD_SPILL_CHUNK_MIN, not once, where that makes whole chunks: 9216 = 9
+# x 1024 and 13312 = 13 x 1024 under that cap, not 5 and 7 x 2048 (the last
+# half empty). Measured faster there; with a partial last chunk (12800 =
+# 12.5 x 1024) slower, and so were FusedAdd's backward and the forwards.
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
+LONG_BWD_SPILL_CHUNK_MIN = 1024
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
@@ -458,7 +464,8 @@ class _RowTiling(NamedTuple):
 
 def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
                 elements_per_thread: Optional[int] = None, padded_long: bool = False,
-                padded_tile: bool = False, padded_min: Optional[int] = None) -> _RowTiling:
+                padded_tile: bool = False, padded_min: Optional[int] = None,
+                long_floor: Optional[int] = None) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
@@ -467,7 +474,9 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     ROW_BLOCK_MAX), and with `padded_long` also for rows that fill their
     tile poorly (PADDED_ROW_FILL) and are longer than `padded_min` (default
     PADDED_ROW_MIN); with `padded_tile`, the tiles of such rows that stay in
-    one run on at most PADDED_TILE_WARPS warps (one up to PADDED_WARP_ROW_MAX)."""
+    one run on at most PADDED_TILE_WARPS warps (one up to PADDED_WARP_ROW_MAX).
+    Rows past `block_max` halve their chunk once at most where that pads the
+    row less, or with `long_floor` down to that length."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
@@ -476,8 +485,9 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     if padded_long or padded_tile:
         padded = (PADDED_ROW_FILL, (padded_min or PADDED_ROW_MIN) if padded_long else None,
                   (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) if padded_tile else None)
-    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, (LONG_CHUNK_MIN, LONG_CHUNK_MAX),
-                              LONG_MIN_CHUNKS, LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
+    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept,
+                              (LONG_CHUNK_MIN, LONG_CHUNK_MAX, long_floor), LONG_MIN_CHUNKS,
+                              LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
@@ -494,7 +504,8 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     padded_row = N <= min(block_max, fill * _pow2(N))
     if N > block_max or (padded_row and long_min is not None and N > long_min):
         chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
-        floor = chunk_limits[0] if padded_row else chunk // 2   # longer rows: one halving at most
+        # Halving: padded rows down to LONG_CHUNK_MIN, longer ones once (or down to long_floor).
+        floor = chunk_limits[0] if padded_row else min(chunk // 2, chunk_limits[2] or chunk)
         while chunk // 2 >= floor and _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
             chunk //= 2   # a half chunk pads the row less (24576 = 3 x 8192, not 2 x 16384)
         # A chunk shorter than LONG_CHUNK_MIN (256: PolyNorm's forward of rows
@@ -1562,8 +1573,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     trains = compute_dw or compute_db
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
+    rms_frozen = mean is None and ds is None and not trains   # RMSNorm's frozen backward plans its own way
     t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
-                    padded_min=PADDED_SHORT_ROW_MIN if mean is None and ds is None else None)
+                    padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
+    if rms_frozen and x.element_size() == 2 and not t.one_pass and N <= LONG_BWD_PRESUM_AFTER:
+        # Whole chunks down to LONG_BWD_SPILL_CHUNK_MIN, where they fit the row.
+        whole = _row_tiling(M, N, backward=True, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN,
+                            long_floor=LONG_BWD_SPILL_CHUNK_MIN)
+        t = whole if N % whole.block_n == 0 else t
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:

@@ -688,25 +688,30 @@ def test_long_row_backward_register_cap(name):
     assert caps and all(cap is None for cap in caps.values()), caps
 
 
-@pytest.mark.parametrize("name, N, dtype, spills", [
-    ("rms", 5120, torch.bfloat16, True), ("rms", 10240, torch.float16, True),   # 5 whole chunks of 1024, 2048
-    ("fadd", 14336, torch.bfloat16, True),     # 7 of 2048
-    ("rms", 10240, torch.float32, False),      # fp32 keeps the cap
-    ("rms", 13312, torch.bfloat16, False),     # 6 chunks of 2048 and a partial one
-    ("rms", 12288, torch.bfloat16, False),     # 3 chunks
-    ("rms", 4608, torch.bfloat16, False),      # 9 chunks of 512
-    ("ln", 10240, torch.bfloat16, False),      # two sums, pre-summed
-    ("rms", 20480, torch.bfloat16, False)])    # pre-summed (past LONG_BWD_PRESUM_AFTER)
-def test_long_row_backward_spill_cap(name, N, dtype, spills):
+@pytest.mark.parametrize("name, N, dtype, chunk, spills", [
+    ("rms", 5120, torch.bfloat16, 1024, True), ("rms", 10240, torch.float16, 2048, True),   # 5 whole chunks
+    ("fadd", 14336, torch.bfloat16, 2048, True),     # 7
+    ("rms", 13312, torch.bfloat16, 1024, True),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
+    ("fadd", 13312, torch.bfloat16, 2048, False),    # FusedAdd's 6 chunks of 2048 and a partial one
+    ("rms", 12800, torch.bfloat16, 2048, False),     # 1024 would leave a partial chunk: one halving
+    ("rms", 13312, torch.float32, 2048, False),      # fp32 keeps one halving and the cap
+    ("rms", 10240, torch.float32, 2048, False),
+    ("rms", 12288, torch.bfloat16, 4096, False),     # 3 chunks
+    ("rms", 4608, torch.bfloat16, 512, False),       # 9 chunks of 512
+    ("ln", 10240, torch.bfloat16, 2048, False),      # two sums, pre-summed
+    ("rms", 20480, torch.bfloat16, 4096, False)])    # pre-summed (past LONG_BWD_PRESUM_AFTER)
+def test_long_row_backward_spill_cap(name, N, dtype, chunk, spills):
     """RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
     elements or more, launches with LONG_BWD_SPILL_MAX_REGISTERS instead of
-    LONG_BWD_MAX_REGISTERS, under which ptxas spills; on a GPU those variants
+    LONG_BWD_MAX_REGISTERS, under which ptxas spills; RMSNorm's frozen one
+    halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
+    less and leaves whole chunks. On a GPU the variants with the higher cap
     compile and run, checked against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"], dtype)
     (launch,) = rec.launches
-    assert launch.name == "_long_row_norm_bwd_kernel"
+    assert launch.name == "_long_row_norm_bwd_kernel" and launch.constexprs["BLOCK_N"] == chunk
     assert launch.maxnreg == (fn.LONG_BWD_SPILL_MAX_REGISTERS if spills else fn.LONG_BWD_MAX_REGISTERS)
     if spills:
         check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
