@@ -1358,7 +1358,8 @@ def _long_row_norm_bwd_kernel(
     points faster (NOTES.md, sections 2 and 6).
 
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
-    thread. Pointers and dtypes as `_row_norm_bwd_kernel`, but DWp and DBp
+    thread (LONG_BWD_SPILL_MAX_REGISTERS where ptxas spills under that).
+    Pointers and dtypes as `_row_norm_bwd_kernel`, but DWp and DBp
     (GroupNorm's only, below).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
     the offset o, as in every row kernel (`_load_scale`): here a runtime o
