@@ -500,7 +500,7 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # long-row plan or None, (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) or None).
     # A padded row: one the tile would hold, but poorly (rows past block_max
     # take the long-row plan anyway, and keep its one halving).
-    fill, long_min, tile_warps = padded or (0.0, None, None)
+    fill, long_min, tile = padded or (0.0, None, None)
     padded_row = N <= min(block_max, fill * _pow2(N))
     if N > block_max or (padded_row and long_min is not None and N > long_min):
         chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
@@ -517,9 +517,10 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     block_n = _pow2(N)
     rows = min(max(1, tile_elements // block_n), _pow2(M))
     warps = _warps_for(rows * block_n, elements_per_thread)
-    if padded_row and tile_warps:
-        warps = min(warps, tile_warps[0])
-        if block_n <= tile_warps[1]:   # one warp, as many elements per thread
+    if padded_row and tile:
+        tile_warps, warp_row_max = tile
+        warps = min(warps, tile_warps)
+        if block_n <= warp_row_max:   # one warp, as many elements per thread
             rows, warps = max(1, rows // warps), 1
     return _RowTiling(rows, block_n, True, warps, _cdiv(M, rows))
 
@@ -1575,9 +1576,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
     rms_frozen = mean is None and ds is None and not trains   # RMSNorm's frozen backward plans its own way
+    # The long-row kernel's pass 1 (PRESUM), and whether ptxas can spill it
+    # under LONG_BWD_MAX_REGISTERS (per-lane sums of 16-bit rows: LONG_BWD_SPILL_CHUNKS).
+    presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
+    may_spill = presum == 1 and x.element_size() == 2
     t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
                     padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
-    if rms_frozen and x.element_size() == 2 and not t.one_pass and N <= LONG_BWD_PRESUM_AFTER:
+    if rms_frozen and may_spill and not t.one_pass:
         # Whole chunks down to LONG_BWD_SPILL_CHUNK_MIN, where they fit the row.
         whole = _row_tiling(M, N, backward=True, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN,
                             long_floor=LONG_BWD_SPILL_CHUNK_MIN)
@@ -1610,11 +1615,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.
         if compute_dx:
-            presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
-            # Rows that ptxas spills under LONG_BWD_MAX_REGISTERS (see LONG_BWD_SPILL_CHUNKS):
-            # whole chunks of LONG_ELEMENTS_PER_THREAD a thread.
-            spills = (presum == 1 and x.element_size() == 2 and N % t.block_n == 0
-                      and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
+            # ptxas spills LONG_BWD_SPILL_CHUNKS or more whole chunks of LONG_ELEMENTS_PER_THREAD a thread.
+            spills = (may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
                       and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
