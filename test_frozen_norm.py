@@ -600,9 +600,10 @@ def test_padded_rows(name, mode, M, N):
     """Padded rows against float64, trained and frozen. 2560 (a tile of 4096):
     frozen through the long-row kernels, trained through the tile kernels (but
     PolyNorm's backward and the forwards of RMSNorm and LayerNorm). 576 and
-    1152, on a GPU: the tiles of PADDED_TILE_WARPS warps and the long-row
-    kernels in chunks of 256 on one warp (576: RMSNorm's and PolyNorm's frozen
-    backward, PolyNorm's forward; 1152: PolyNorm's forward) compile and run."""
+    1152, on a GPU: LayerNorm's padded tiles (on one warp at 576,
+    PADDED_WARP_ROW_MAX; on PADDED_TILE_WARPS at 1152) and the long-row
+    kernels in chunks of 256 on one warp (RMSNorm's frozen backward at 576;
+    PolyNorm's forward and backward at both) compile and run."""
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (M, N), torch.bfloat16, params, _with_grads(name))
 
@@ -690,7 +691,7 @@ def test_long_row_backward_register_cap(name):
 
 @pytest.mark.parametrize("name, N, dtype, chunk, spills", [
     ("rms", 5120, torch.bfloat16, 1024, True), ("rms", 10240, torch.float16, 2048, True),   # 5 whole chunks
-    ("fadd", 14336, torch.bfloat16, 2048, True),     # 7
+    ("fadd", 14336, torch.bfloat16, 2048, True),     # 7 whole chunks of 2048
     ("rms", 13312, torch.bfloat16, 1024, True),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
     ("fadd", 13312, torch.bfloat16, 2048, False),    # FusedAdd's 6 chunks of 2048 and a partial one
     ("rms", 12800, torch.bfloat16, 2048, False),     # 1024 would leave a partial chunk: one halving
