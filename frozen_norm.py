@@ -154,8 +154,9 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # the last one half empty, which idles half the warps of every third step.
 # Rows that take this plan because they fill a tile poorly (PADDED_ROW_FILL)
 # halve again while that pads less, down to LONG_CHUNK_MIN (4 warps of 4
-# elements, 8-byte bf16 loads): 4608 = 9 x 512, not 5 x 1024. Longer rows
-# measured slower so (13312 = 13 x 1024, not 7 x 2048).
+# elements, 8-byte bf16 loads): LayerNorm's 4608 = 9 x 512, not 5 x 1024
+# (RMSNorm's and FusedAdd's 16-bit rows stop at RMS_PADDED_CHUNK_MIN).
+# Longer rows measured slower so (13312 = 13 x 1024, not 7 x 2048).
 LONG_CHUNK_MAX = 8192
 LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
@@ -196,6 +197,14 @@ PADDED_SHORT_ROW_MIN = 512
 # of 384 to 640; at 1152 and 1280 (tiles of 2048) one warp measured slower.
 PADDED_TILE_WARPS = 2
 PADDED_WARP_ROW_MAX = 1024
+# RMSNorm's and FusedAdd's kernels (one row sum) halve the chunks of padded
+# 16-bit rows down to RMS_PADDED_CHUNK_MIN only: 4 warps of 8 elements,
+# 16-byte loads, where chunks of LONG_CHUNK_MIN make 8-byte ones. Measured
+# faster at 2304, 2560 and 4608 although the last chunk pads more; LayerNorm's
+# and PolyNorm's kernels measured slower so. RMSNorm's frozen backward still
+# takes whole chunks of LONG_CHUNK_MIN where this leaves a partial one (4608
+# = 9 x 512; LONG_BWD_SPILL_CHUNK_MIN below) (NOTES.md, section 6).
+RMS_PADDED_CHUNK_MIN = 1024
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -465,7 +474,7 @@ class _RowTiling(NamedTuple):
 def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
                 elements_per_thread: Optional[int] = None, padded_long: bool = False,
                 padded_tile: bool = False, padded_min: Optional[int] = None,
-                long_floor: Optional[int] = None) -> _RowTiling:
+                long_floor: Optional[int] = None, padded_floor: Optional[int] = None) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
@@ -476,7 +485,8 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     PADDED_ROW_MIN); with `padded_tile`, the tiles of such rows that stay in
     one run on at most PADDED_TILE_WARPS warps (one up to PADDED_WARP_ROW_MAX).
     Rows past `block_max` halve their chunk once at most where that pads the
-    row less, or with `long_floor` down to that length."""
+    row less, or with `long_floor` down to that length; padded rows down to
+    LONG_CHUNK_MIN, or `padded_floor`."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
@@ -484,7 +494,7 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     padded = None
     if padded_long or padded_tile:
         padded = (PADDED_ROW_FILL, (padded_min or PADDED_ROW_MIN) if padded_long else None,
-                  (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) if padded_tile else None)
+                  (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) if padded_tile else None, padded_floor)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept,
                               (LONG_CHUNK_MIN, LONG_CHUNK_MAX, long_floor), LONG_MIN_CHUNKS,
                               LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
@@ -497,15 +507,16 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # constant (the benchmark's --set) plans afresh; warp_limits only keys the
     # cache (_warps_for reads MIN_WARPS and MAX_WARPS).
     # padded = (PADDED_ROW_FILL, the length past which padded rows take the
-    # long-row plan or None, (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) or None).
+    # long-row plan or None, (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) or None,
+    # the padded rows' shortest chunk or None for LONG_CHUNK_MIN).
     # A padded row: one the tile would hold, but poorly (rows past block_max
     # take the long-row plan anyway, and keep its one halving).
-    fill, long_min, tile = padded or (0.0, None, None)
+    fill, long_min, tile, padded_floor = padded or (0.0, None, None, None)
     padded_row = N <= min(block_max, fill * _pow2(N))
     if N > block_max or (padded_row and long_min is not None and N > long_min):
         chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
-        # Halving: padded rows down to LONG_CHUNK_MIN, longer ones once (or down to long_floor).
-        floor = chunk_limits[0] if padded_row else min(chunk // 2, chunk_limits[2] or chunk)
+        # Halving: padded rows down to LONG_CHUNK_MIN (or padded_floor), longer ones once (or down to long_floor).
+        floor = (padded_floor or chunk_limits[0]) if padded_row else min(chunk // 2, chunk_limits[2] or chunk)
         while chunk // 2 >= floor and _cdiv(N, chunk // 2) * (chunk // 2) < _cdiv(N, chunk) * chunk:
             chunk //= 2   # a half chunk pads the row less (24576 = 3 x 8192, not 2 x 16384)
         # A chunk shorter than LONG_CHUNK_MIN (256: PolyNorm's forward of rows
@@ -1514,7 +1525,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if M == 0:
         return y, s, mean, rstd
     if residual is None:
-        t = _row_tiling(M, N, padded_long=True, padded_tile=center)   # PADDED_TILE_WARPS for LayerNorm's
+        t = _row_tiling(M, N, padded_long=True, padded_tile=center,   # PADDED_TILE_WARPS for LayerNorm's
+                        padded_floor=None if center or x.element_size() > 2 else RMS_PADDED_CHUNK_MIN)
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
         t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
     args = (x, residual, s, y, weight, bias, mean, rstd)
@@ -1581,9 +1593,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
     may_spill = presum == 1 and x.element_size() == 2
     t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
-                    padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
+                    padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None,
+                    padded_floor=RMS_PADDED_CHUNK_MIN if mean is None and x.element_size() == 2 else None)
     if rms_frozen and may_spill and not t.one_pass:
-        # Whole chunks down to LONG_BWD_SPILL_CHUNK_MIN, where they fit the row.
+        # Whole chunks, where they fit the row: down to LONG_BWD_SPILL_CHUNK_MIN
+        # on long rows, to LONG_CHUNK_MIN on padded ones (RMS_PADDED_CHUNK_MIN).
         whole = _row_tiling(M, N, backward=True, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN,
                             long_floor=LONG_BWD_SPILL_CHUNK_MIN)
         t = whole if N % whole.block_n == 0 else t

@@ -593,6 +593,39 @@ def test_padded_short_rows_plan(N, monkeypatch):
         per_thread(fn._row_tiling(4096, N, backward=backward, padded_tile=True)) for backward in (False, True)]
 
 
+@pytest.mark.parametrize("name, call, N, dtype, chunk", [
+    ("rms", "forward", 2304, torch.bfloat16, 1024),   # RMS_PADDED_CHUNK_MIN, not 5 x 512
+    ("rms", "forward", 4608, torch.bfloat16, 1024),
+    ("rms", "forward", 4608, torch.float32, 512),     # fp32: chunks of LONG_CHUNK_MIN load 16 bytes a thread
+    ("ln", "forward", 4608, torch.bfloat16, 512),     # two sums: LONG_CHUNK_MIN
+    ("fadd", "frozen w", 2304, torch.bfloat16, 1024),
+    ("fadd", "frozen w", 4608, torch.bfloat16, 1024),
+    ("rms", "frozen w", 2304, torch.bfloat16, 1024),  # 512 would leave a partial chunk too
+    ("rms", "frozen w", 4608, torch.bfloat16, 512),   # whole chunks: 9 x 512
+    ("rms", "frozen w", 2560, torch.bfloat16, 512),   # 5 x 512
+    ("rms", "frozen w", 2304, torch.float32, 512),
+    ("ln", "all frozen", 2304, torch.bfloat16, 512)])
+def test_rms_padded_chunk_min(name, call, N, dtype, chunk):
+    """RMSNorm's and FusedAdd's long-row kernels (one row sum) cut padded
+    16-bit rows into chunks of RMS_PADDED_CHUNK_MIN or more; RMSNorm's frozen
+    backward takes whole chunks of LONG_CHUNK_MIN where those fit the row;
+    fp32 rows and LayerNorm's go down to LONG_CHUNK_MIN. The chunk of the
+    first launch, on meta tensors; the 1024-element chunks of padded rows run
+    in test_padded_rows (2560)."""
+    from bench_frozen_norm import VARIANTS, recording, record_backward
+    if call == "forward":
+        x = torch.empty(3, N, device="meta", dtype=dtype)
+        with recording() as rec:
+            if name == "rms":
+                fn.rms_norm_forward(x, (N,), x[0])
+            else:
+                fn.layer_norm_forward(x, (N,), x[0], x[0])
+    else:
+        rec = record_backward(name, (3, N), VARIANTS[name][call], dtype)
+    launch = rec.launches[0]
+    assert launch.name.startswith("_long_row_norm_") and launch.constexprs["BLOCK_N"] == chunk
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 @pytest.mark.parametrize("M, N", [(3, 2560), (37, 576), (5, 1152)])
