@@ -336,6 +336,12 @@ THREADS_PER_SM = 512
 # while the current one computes, so a program keeps memory busy through its
 # reductions.
 PIPELINE_STAGES = 3
+# A padded tile (PADDED_ROW_FILL) fills its pipeline buffers 1/2 to 3/4 with
+# bytes that load: one stage more keeps about as many bytes in flight as a
+# full tile's PIPELINE_STAGES. Measured faster in the row norms' trained
+# backward of padded rows of 576 to 6144 (but FusedAdd's at 6144, slightly
+# slower), and slower on full tiles (NOTES.md, section 6).
+PADDED_PIPELINE_STAGES = PIPELINE_STAGES + 1
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
@@ -425,14 +431,16 @@ def _smem_per_sm_of(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).shared_memory_per_multiprocessor
 
 
-def _pipeline_stages(bytes_per_iteration: int, programs_per_sm: int, device: torch.device) -> int:
-    """Pipeline depth for a loop loading `bytes_per_iteration`, such that the
-    shared-memory buffers of `programs_per_sm` programs fit in an SM. Triton
-    allocates depth - 1 buffers; the budget counts depth, for headroom."""
+def _pipeline_stages(bytes_per_iteration: int, programs_per_sm: int, device: torch.device,
+                     depth: int = PIPELINE_STAGES) -> int:
+    """Pipeline depth for a loop loading `bytes_per_iteration`: `depth`, or
+    less such that the shared-memory buffers of `programs_per_sm` programs fit
+    in an SM. Triton allocates depth - 1 buffers; the budget counts depth, for
+    headroom."""
     if device.type != "cuda":
-        return PIPELINE_STAGES
+        return depth
     budget = _smem_per_sm_of(_device_index(device)) // programs_per_sm - SMEM_RESERVE
-    return max(1, min(PIPELINE_STAGES, budget // bytes_per_iteration))
+    return max(1, min(depth, budget // bytes_per_iteration))
 
 
 def _warps_for(elements: int, elements_per_thread: int) -> int:
@@ -562,11 +570,12 @@ class _Grid(NamedTuple):
     stages: int      # software-pipeline depth of a program's loop over its tiles
 
 
-def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bool) -> _Grid:
+def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bool,
+              depth: int = PIPELINE_STAGES) -> _Grid:
     """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
-    program looping over tiles through a software pipeline) or one program per
-    tile. `loaded`: the tensors (or None) the loop loads a tile of, which set
-    the pipeline's depth."""
+    program looping over tiles through a software pipeline at most `depth`
+    deep) or one program per tile. `loaded`: the tensors (or None) the loop
+    loads a tile of, which set the pipeline's depth."""
     if not persistent:
         return _Grid(t.num_tiles, 1, 1)
     per_sm = _programs_per_sm(t.num_warps)
@@ -574,7 +583,7 @@ def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bo
     tiles_per_program = _cdiv(t.num_tiles, programs)
     stages = 1
     if t.one_pass and tiles_per_program > 1:
-        stages = _pipeline_stages(t.rows * t.block_n * _element_bytes(*loaded), per_sm, device)
+        stages = _pipeline_stages(t.rows * t.block_n * _element_bytes(*loaded), per_sm, device, depth)
     return _Grid(programs, tiles_per_program, stages)
 
 
@@ -1615,7 +1624,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # the accumulator beside one row's loads at a time): a persistent grid,
         # whose programs accumulate dw/db. With neither asked, one program
         # per tile, as in the forward.
-        g = _row_grid(t, (x, dy, ds), x.device, persistent=trains)
+        padded = N <= PADDED_ROW_FILL * t.block_n
+        g = _row_grid(t, (x, dy, ds), x.device, persistent=trains,
+                      depth=PADDED_PIPELINE_STAGES if padded else PIPELINE_STAGES)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)

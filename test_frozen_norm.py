@@ -626,6 +626,18 @@ def test_rms_padded_chunk_min(name, call, N, dtype, chunk):
     assert launch.name.startswith("_long_row_norm_") and launch.constexprs["BLOCK_N"] == chunk
 
 
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("N, padded", [(576, True), (2304, True), (5120, True), (2048, False), (3584, False)])
+def test_padded_tiles_pipeline_deeper(name, N, padded):
+    """A trained row-norm backward loops over padded tiles (PADDED_ROW_FILL)
+    through a pipeline PADDED_PIPELINE_STAGES deep, over full ones
+    PIPELINE_STAGES deep (meta tensors: no shared-memory limit applies)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward(name, (8192, N), VARIANTS[name]["trainable"]).launches[0]
+    assert launch.name == "_row_norm_bwd_kernel" and launch.args[-1] > 1   # several tiles per program
+    assert launch.constexprs["STAGES"] == (fn.PADDED_PIPELINE_STAGES if padded else fn.PIPELINE_STAGES)
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 @pytest.mark.parametrize("M, N", [(3, 2560), (37, 576), (5, 1152)])
@@ -1313,10 +1325,11 @@ def test_pipeline_buffers_fit_shared_memory(monkeypatch, smem_kib):
     cuda = torch.device("cuda", 0)
     for tile_bytes in (4096 * 2 * 2, 8192 * 2 * 4, 8192 * 2 * 8, 16384 * 8):
         for programs_per_sm in (1, 2, 4):
-            stages = fn._pipeline_stages(tile_bytes, programs_per_sm, cuda)
-            assert 1 <= stages <= fn.PIPELINE_STAGES
-            # Triton allocates stages - 1 tile buffers per program.
-            assert programs_per_sm * ((stages - 1) * tile_bytes + fn.SMEM_RESERVE) <= smem_kib * 1024
+            for depth in (fn.PIPELINE_STAGES, fn.PADDED_PIPELINE_STAGES):
+                stages = fn._pipeline_stages(tile_bytes, programs_per_sm, cuda, depth)
+                assert 1 <= stages <= depth
+                # Triton allocates stages - 1 tile buffers per program.
+                assert programs_per_sm * ((stages - 1) * tile_bytes + fn.SMEM_RESERVE) <= smem_kib * 1024
     if smem_kib >= 164:   # bf16 x and dy at N = 4096, two programs per SM: the full depth fits
         assert fn._pipeline_stages(4096 * 2 * 2, 2, cuda) == fn.PIPELINE_STAGES
 
