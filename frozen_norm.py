@@ -462,6 +462,13 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def _padded_floor(x: torch.Tensor, center: bool) -> Optional[int]:
+    """`_row_tiling`'s padded_floor for the row norms' rows of x: RMS_PADDED_CHUNK_MIN
+    for RMSNorm's and FusedAdd's (one row sum, not `center`) 16-bit rows, else
+    None (LONG_CHUNK_MIN)."""
+    return RMS_PADDED_CHUNK_MIN if not center and x.element_size() == 2 else None
+
+
 def _long_forward_presum(N: int, sums: int) -> int:
     """PRESUM of a long-row forward whose pass 1 keeps `sums` per-lane sums:
     pre-summed with several sums past LONG_FWD_PRESUM_AFTER (see the constant)."""
@@ -1535,7 +1542,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         return y, s, mean, rstd
     if residual is None:
         t = _row_tiling(M, N, padded_long=True, padded_tile=center,   # PADDED_TILE_WARPS for LayerNorm's
-                        padded_floor=None if center or x.element_size() > 2 else RMS_PADDED_CHUNK_MIN)
+                        padded_floor=_padded_floor(x, center))
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
         t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
     args = (x, residual, s, y, weight, bias, mean, rstd)
@@ -1603,10 +1610,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     may_spill = presum == 1 and x.element_size() == 2
     t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
                     padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None,
-                    padded_floor=RMS_PADDED_CHUNK_MIN if mean is None and x.element_size() == 2 else None)
+                    padded_floor=_padded_floor(x, mean is not None))
     if rms_frozen and may_spill and not t.one_pass:
-        # Whole chunks, where they fit the row: down to LONG_BWD_SPILL_CHUNK_MIN
-        # on long rows, to LONG_CHUNK_MIN on padded ones (RMS_PADDED_CHUNK_MIN).
+        # Whole chunks where they fit the row: a long row's down to
+        # LONG_BWD_SPILL_CHUNK_MIN, a padded row's down to LONG_CHUNK_MIN,
+        # below RMS_PADDED_CHUNK_MIN (4608 = 9 x 512).
         whole = _row_tiling(M, N, backward=True, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN,
                             long_floor=LONG_BWD_SPILL_CHUNK_MIN)
         t = whole if N % whole.block_n == 0 else t
