@@ -259,8 +259,8 @@ LONG_FWD_PRESUM_AFTER = 24576
 # variants with the most live values, FusedAdd's with ds and LayerNorm's with
 # dw (x centred), spill holding w's 32 fp32 registers through the loop (88 and
 # 48 bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 40 and 0
-# bytes), which measured up to 6.7 points faster; the others, which do not
-# spill, measured 0.9 to 2.6 points slower so. Two accumulators (LayerNorm's
+# bytes), which measured faster; the others, which do not spill, measured
+# slower so. Two accumulators (LayerNorm's
 # dw and db) spill and measured slower, and so did 16 or 64 elements per
 # thread (64: 255 registers and a spill), a software pipeline, and fp32 x and
 # dy (twice the registers per element) in some cases (NOTES.md, section 6):
@@ -269,14 +269,14 @@ RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
 # 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
-# would read back the s that its pass 1 wrote. One tile measured 3 to 7 points
-# faster from 12288 to 32768; RMSNorm's and LayerNorm's forwards, whose pass 2
+# would read back the s that its pass 1 wrote. One tile measured faster from
+# 12288 to 32768; RMSNorm's and LayerNorm's forwards, whose pass 2
 # re-reads x from L2, measured slower in one tile (NOTES.md, section 6).
 RESIDUAL_ROW_BLOCK_MAX = 32768
 # PolyNorm's forward keeps whole rows in a tile only up to 1024 elements;
 # longer rows take the long-row plan above, one row per program with per-lane
-# (or per-group) sums, which measured faster at every length from 2048 (4096:
-# 95% of the copy against 81% in a tile; NOTES.md, section 6). Its backward
+# (or per-group) sums, which measured faster at every length from 2048
+# (NOTES.md, section 6). Its backward
 # keeps whole rows in a tile up to 16384 (no N-wide accumulator: its dw sums
 # are scalars); longer rows take the long-row plan as well, with per-group
 # sums (`_long_poly_norm_bwd_kernel`). At 16384 the two measured even (the
@@ -398,9 +398,9 @@ GROUP_LONG_MIN_RUN = 4
 # With w or b trained, that long-row backward's pass 1 forms per-channel sums
 # (`_group_channel_sums`) over tiles of a block of channels and 1 /
 # GROUP_SUM_TILES of their HW positions each, reduced once per block. From a
-# sweep of the channels per tile at 10 shapes: the best at 5, within 2 to 9
-# points of it at the others; tiles spanning a whole channel (a reduction per
-# chunk) measured 10 to 21 points slower (NOTES.md, section 6).
+# sweep of the channels per tile at 10 shapes: the best at 5 of them and close
+# to the best at the others; tiles spanning a whole channel (a reduction per
+# chunk) measured slower (NOTES.md, section 6).
 GROUP_SUM_TILES = 4
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -1119,9 +1119,9 @@ def _long_row_norm_fwd_kernel(
     # large the mean (n <= PRESUM * N / BLOCK_N). The groups then merge by the
     # parallel-axis theorem, two plain sums: mean = sum(n * mean_v) / N, m2 =
     # sum(m2_v + n * (mean_v - mean)^2), every term >= 0. (A `tl.reduce` with
-    # Chan's pairwise merge, which divides at every step, measured 1 to 7
-    # points slower.) Chunk 0, which the planner makes whole, is taken first:
-    # it gives k; elements past N count n = 0 and add nothing.
+    # Chan's pairwise merge, which divides at every step, measured slower.)
+    # Chunk 0, which the planner makes whole, is taken first: it gives k;
+    # elements past N count n = 0 and add nothing.
     groups = _lane_groups(BLOCK_N, PRESUM)
     if CENTER:
         x0 = _long_row_chunk(X, R, S, groups, groups < N, HAS_RESIDUAL)
@@ -1382,8 +1382,8 @@ def _long_row_norm_bwd_kernel(
     k1 = -rstd^2 * c1 and k0 = -rstd * c2, two fused multiply-adds per element
     once g is known. Instructions are not free here: at the copy's bandwidth
     this kernel's take about half the SMs' issue slots (unpacking bf16 alone
-    is one per element and tensor), and the fewer multiplies measured up to 5
-    points faster (NOTES.md, sections 2 and 6).
+    is one per element and tensor), and the fewer multiplies measured faster
+    (NOTES.md, sections 2 and 6).
 
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
     thread (LONG_BWD_SPILL_MAX_REGISTERS where ptxas spills under that).
@@ -1391,7 +1391,7 @@ def _long_row_norm_bwd_kernel(
     (GroupNorm's only, below).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
     the offset o, as in every row kernel (`_load_scale`): here a runtime o
-    measured up to 15% slower on an H200 (NOTES.md, section 6).
+    measured slower (NOTES.md, section 6).
     Flags: CENTER, HAS_W, HAS_DS as in `_row_norm_bwd_kernel`. There is no
     COMPUTE_DX: the wrapper does not launch this kernel when dx is not needed.
     PRESUM: consecutive elements added before pass 1's per-lane sums
@@ -2608,12 +2608,11 @@ def _poly_dx(x, dy, r1, r2, r3, a1, a2, a3, w0, w1, w2):
         p_{k-1} = k * w_k * r_k,   q_{k-1} = p_{k-1} * r_k * a_k.
 
     The whole backward kernel compiles to 15% fewer instructions (SASS of a
-    4096 tile: 848 -> 720 with dw, db trained) and measured up to 12 points
-    faster on an H200. Under POLY_BWD_MAX_REGISTERS this form spills 4 bytes
-    in the trained tile of 16384 (measured no slower); of the other groupings
-    tried, Horner's form in x spills 88 bytes there and lost 20 points, and
-    the chain rule's three terms with folded constants is slower (NOTES.md,
-    section 6).
+    4096 tile: 848 -> 720 with dw, db trained) and measured faster. Under
+    POLY_BWD_MAX_REGISTERS this form spills 4 bytes in the trained tile of
+    16384 (measured no slower); of the other groupings tried, Horner's form
+    in x spills 88 bytes there and measured slower, and so did the chain
+    rule's three terms with folded constants (NOTES.md, section 6).
     """
     p0 = w2 * r1
     p1 = 2.0 * w1 * r2
