@@ -462,6 +462,12 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
+def _fills_poorly(N: int, block_n: int, fill: float) -> bool:
+    """Whether a row of N elements fills at most `fill` (PADDED_ROW_FILL) of
+    its tile of block_n columns: a padded row."""
+    return N <= fill * block_n
+
+
 def _padded_floor(x: torch.Tensor, center: bool) -> Optional[int]:
     """`_row_tiling`'s padded_floor for the row norms' rows of x: RMS_PADDED_CHUNK_MIN
     for RMSNorm's and FusedAdd's (one row sum, not `center`) 16-bit rows, else
@@ -527,7 +533,7 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     # A padded row: one the tile would hold, but poorly (rows past block_max
     # take the long-row plan anyway, and keep its one halving).
     fill, long_min, tile, padded_floor = padded or (0.0, None, None, None)
-    padded_row = N <= min(block_max, fill * _pow2(N))
+    padded_row = N <= block_max and _fills_poorly(N, _pow2(N), fill)
     if N > block_max or (padded_row and long_min is not None and N > long_min):
         chunk = min(chunk_limits[1], max(1, _pow2(N) // min_chunks))
         # Halving: padded rows down to LONG_CHUNK_MIN (or padded_floor), longer ones once (or down to long_floor).
@@ -1632,7 +1638,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # the accumulator beside one row's loads at a time): a persistent grid,
         # whose programs accumulate dw/db. With neither asked, one program
         # per tile, as in the forward.
-        padded = N <= PADDED_ROW_FILL * t.block_n
+        padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
         g = _row_grid(t, (x, dy, ds), x.device, persistent=trains,
                       depth=PADDED_PIPELINE_STAGES if padded else PIPELINE_STAGES)
         stages = 1 if reload else g.stages

@@ -612,17 +612,14 @@ def test_rms_padded_chunk_min(name, call, N, dtype, chunk):
     fp32 rows and LayerNorm's go down to LONG_CHUNK_MIN. The chunk of the
     first launch, on meta tensors; the 1024-element chunks of padded rows run
     in test_padded_rows (2560)."""
-    from bench_frozen_norm import VARIANTS, recording, record_backward
+    from bench_frozen_norm import VARIANTS, record_backward
     if call == "forward":
         x = torch.empty(3, N, device="meta", dtype=dtype)
-        with recording() as rec:
-            if name == "rms":
-                fn.rms_norm_forward(x, (N,), x[0])
-            else:
-                fn.layer_norm_forward(x, (N,), x[0], x[0])
+        forward = {"rms": lambda: fn.rms_norm_forward(x, (N,), x[0]),
+                   "ln": lambda: fn.layer_norm_forward(x, (N,), x[0], x[0])}[name]
+        launch = _first_launches({call: forward})[call]
     else:
-        rec = record_backward(name, (3, N), VARIANTS[name][call], dtype)
-    launch = rec.launches[0]
+        launch = record_backward(name, (3, N), VARIANTS[name][call], dtype).launches[0]
     assert launch.name.startswith("_long_row_norm_") and launch.constexprs["BLOCK_N"] == chunk
 
 
