@@ -557,6 +557,16 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     return _RowTiling(rows, block_n, True, warps, _cdiv(M, rows))
 
 
+def _whole_chunks(t: _RowTiling, M: int, N: int, long_floor: int, **plan) -> _RowTiling:
+    """The long-row plan `t`, or where it leaves a partial last chunk, the plan
+    `_row_tiling(M, N, long_floor=long_floor, **plan)`, whose chunks halve
+    down to long_floor while that pads the row less, if they fit it whole."""
+    if t.one_pass or N % t.block_n == 0:
+        return t
+    whole = _row_tiling(M, N, long_floor=long_floor, **plan)
+    return whole if N % whole.block_n == 0 else t
+
+
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
     """Whether Triton can prove 16-byte vector loads on rows of these `strides`
     (and at these tensors' addresses; None skipped): its launcher specialises
@@ -1617,13 +1627,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
                     padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None,
                     padded_floor=_padded_floor(x, mean is not None))
-    if rms_frozen and may_spill and not t.one_pass:
+    if rms_frozen and may_spill:
         # Whole chunks where they fit the row: a long row's down to
         # LONG_BWD_SPILL_CHUNK_MIN, a padded row's down to LONG_CHUNK_MIN,
         # below RMS_PADDED_CHUNK_MIN (4608 = 9 x 512).
-        whole = _row_tiling(M, N, backward=True, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN,
-                            long_floor=LONG_BWD_SPILL_CHUNK_MIN)
-        t = whole if N % whole.block_n == 0 else t
+        t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, backward=True, padded_long=True,
+                          padded_min=PADDED_SHORT_ROW_MIN)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
