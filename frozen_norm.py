@@ -283,6 +283,13 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # long-row kernel faster frozen, slower trained), so the tile keeps it.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
+# PolyNorm's forward of 16-bit long rows halves its chunks once more (down to
+# LONG_CHUNK_MIN) where that makes at most POLY_FWD_WHOLE_MAX_CHUNKS whole
+# ones: 4608 = 9 x 512, 9216 = 9 x 1024 and 18432 = 9 x 2048, not 5 chunks
+# with the last one half empty. Measured faster there; slower with more
+# chunks (13312 = 13 x 1024, 12800 = 25 x 512), and in fp32 at 9216 (faster
+# at 4608) (NOTES.md, section 6).
+POLY_FWD_WHOLE_MAX_CHUNKS = 9
 # 16-bit rows up to POLY_WARP_ROW_MAX on the long-row plan (PolyNorm's
 # forward past POLY_FWD_ROW_BLOCK_MAX, its backward's padded rows) walk chunks
 # of one warp's 32 x LONG_ELEMENTS_PER_THREAD = 256 elements: the row's sums
@@ -557,14 +564,17 @@ def _row_tiling_cached(M, N, block_max, tile_elements, elements_per_thread, chun
     return _RowTiling(rows, block_n, True, warps, _cdiv(M, rows))
 
 
-def _whole_chunks(t: _RowTiling, M: int, N: int, long_floor: int, **plan) -> _RowTiling:
+def _whole_chunks(t: _RowTiling, M: int, N: int, long_floor: int, max_chunks: Optional[int] = None,
+                  **plan) -> _RowTiling:
     """The long-row plan `t`, or where it leaves a partial last chunk, the plan
     `_row_tiling(M, N, long_floor=long_floor, **plan)`, whose chunks halve
-    down to long_floor while that pads the row less, if they fit it whole."""
+    down to long_floor while that pads the row less, if they fit it whole
+    (and number at most max_chunks)."""
     if t.one_pass or N % t.block_n == 0:
         return t
     whole = _row_tiling(M, N, long_floor=long_floor, **plan)
-    return whole if N % whole.block_n == 0 else t
+    fits = N % whole.block_n == 0 and (max_chunks is None or N // whole.block_n <= max_chunks)
+    return whole if fits else t
 
 
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
@@ -2819,10 +2829,14 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
         return y, rstd
     # Short rows batched in tiles, one program per tile as in the row norms'
     # forward (a persistent grid measured slower at rows of 256 and 1024);
-    # longer rows: the row norms' long-row plan of chunks, on one warp for
+    # longer rows: the row norms' long-row plan of chunks, whole ones for
+    # 16-bit rows where few fit (POLY_FWD_WHOLE_MAX_CHUNKS), on one warp for
     # 16-bit rows up to POLY_WARP_ROW_MAX (`_poly_long_tiling`).
-    t = _poly_long_tiling(_row_tiling(M, N, block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True,
-                                      padded_min=PADDED_SHORT_ROW_MIN), x)
+    plan = dict(block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
+    t = _row_tiling(M, N, **plan)
+    if x.element_size() == 2:
+        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, POLY_FWD_WHOLE_MAX_CHUNKS, **plan)
+    t = _poly_long_tiling(t, x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,

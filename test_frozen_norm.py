@@ -351,6 +351,24 @@ def test_poly_warp_rows_plan(dtype, N, warps):
         assert launch.name.startswith("_long_poly") and launch.num_warps == warps, (what, launch.name)
 
 
+@pytest.mark.parametrize("N, dtype, chunk", [
+    (4608, torch.bfloat16, 512), (9216, torch.float16, 1024), (18432, torch.bfloat16, 2048),   # 9 whole chunks
+    (6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than POLY_FWD_WHOLE_MAX_CHUNKS
+    (12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
+    (4608, torch.float32, 1024)])     # fp32 keeps one halving
+def test_poly_forward_whole_chunks(N, dtype, chunk):
+    """PolyNorm's long-row forward of 16-bit rows halves its chunks once more
+    where that leaves at most POLY_FWD_WHOLE_MAX_CHUNKS whole ones; else one
+    halving (the last chunk partial). The first launch, on meta tensors; a
+    row of 9 x 512 runs against float64."""
+    x = torch.empty(3, N, device="meta", dtype=dtype)
+    w3, b1 = torch.empty(3, device="meta", dtype=dtype), torch.empty(1, device="meta", dtype=dtype)
+    launch = _first_launches({"forward": lambda: fn.poly_norm_forward(x, w3, b1)})["forward"]
+    assert launch.name == "_long_poly_norm_fwd_kernel" and launch.constexprs["BLOCK_N"] == chunk
+    if (N, dtype) == (4608, torch.bfloat16):
+        check_op(OPS["poly"], (3, N), dtype, ALL_FROZEN["poly"], _with_grads("poly"))
+
+
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
                          ids=["one-warp-tail-block", "masked"])
 def test_poly_long_rows_tail(warp_row_max, warps, tail, monkeypatch):
