@@ -225,6 +225,12 @@ RMS_PADDED_CHUNK_MIN = 1024
 # x 1024 and 13312 = 13 x 1024 under that cap, not 5 and 7 x 2048 (the last
 # half empty). Measured faster there; with a partial last chunk (12800 =
 # 12.5 x 1024) slower, and so were FusedAdd's backward and the forwards.
+# RMSNorm's pre-summed rows (LONG_BWD_PRESUM_AFTER) take
+# LONG_BWD_SPILL_MAX_REGISTERS too, on chunks of up to 16 warps (512 threads
+# of 128 registers fill REGISTERS_PER_SM; chunks of 8192, 32 warps, cannot
+# launch so): under 64, ptxas of Triton 3.6 spills 8 to 24 bytes there (3.8's none).
+# Measured faster at 20480 to 36864, bf16 and fp32; FusedAdd's (with ds) and
+# LayerNorm's slower so (NOTES.md, section 6).
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
@@ -337,6 +343,7 @@ MIN_WARPS, MAX_WARPS = 4, 32
 # through a software pipeline, so 512 threads keep memory busy, and at up to
 # 128 registers each they fit an SM's 64K registers.
 THREADS_PER_SM = 512
+REGISTERS_PER_SM = 64 * 1024   # sm_80 and sm_90: a program launches only if its threads' registers fit
 # Software pipelining of a persistent program's loop over tiles (and of the
 # column-tiled dw/db, GroupNorm and partial-sum loops): Triton copies the loads
 # of the next PIPELINE_STAGES - 1 iterations into shared memory (cp.async)
@@ -1673,9 +1680,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.
         if compute_dx:
-            # ptxas spills LONG_BWD_SPILL_CHUNKS or more whole chunks of LONG_ELEMENTS_PER_THREAD a thread.
-            spills = (may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
-                      and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
+            # ptxas spills LONG_BWD_SPILL_CHUNKS or more whole chunks of LONG_ELEMENTS_PER_THREAD a thread,
+            # and RMSNorm's pre-summed rows where a program has the registers (REGISTERS_PER_SM).
+            spills = ((may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
+                       and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
+                      or (presum > 1 and mean is None and ds is None
+                          and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM))
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,

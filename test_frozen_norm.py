@@ -760,11 +760,15 @@ def test_long_row_backward_register_cap(name):
     ("rms", 12288, torch.bfloat16, 4096, False),     # 3 chunks
     ("rms", 4608, torch.bfloat16, 512, False),       # 9 chunks of 512
     ("ln", 10240, torch.bfloat16, 2048, False),      # two sums, pre-summed
-    ("rms", 20480, torch.bfloat16, 4096, False)])    # pre-summed (past LONG_BWD_PRESUM_AFTER)
+    ("rms", 20480, torch.bfloat16, 4096, True),      # pre-summed (past LONG_BWD_PRESUM_AFTER), 16 warps
+    ("rms", 28672, torch.float32, 4096, True),
+    ("fadd", 20480, torch.bfloat16, 4096, False),    # FusedAdd's pre-summed rows keep the cap
+    ("rms", 40960, torch.bfloat16, 8192, False)])    # 32 warps: 128 registers each would not fit an SM
 def test_long_row_backward_spill_cap(name, N, dtype, chunk, spills):
     """RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
-    elements or more, launches with LONG_BWD_SPILL_MAX_REGISTERS instead of
+    elements or more, and RMSNorm's on pre-summed rows in chunks of at most
+    16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS instead of
     LONG_BWD_MAX_REGISTERS, under which ptxas spills; RMSNorm's frozen one
     halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
     less and leaves whole chunks. On a GPU the variants with the higher cap
