@@ -217,20 +217,20 @@ RMS_PADDED_CHUNK_MIN = 1024
 # least LONG_BWD_SPILL_CHUNKS whole chunks of 1024 or more (5120 = 5 x 1024,
 # 10240, 14336 = 7 x 2048) spill 16 to 64 bytes under that cap (ptxas of
 # Triton 3.6 and 3.8), and take LONG_BWD_SPILL_MAX_REGISTERS instead, of
-# which ptxas uses 80 to 106: faster there. No cap at all (56 to 74
-# registers) measured slower, and so it did in fp32, whose rows keep the cap
-# (NOTES.md, section 6). RMSNorm's frozen backward (no ds) of 16-bit rows up
+# which ptxas uses 80 to 106: faster there (no cap at all, 56 to 74
+# registers, measured slower). So do RMSNorm's pre-summed rows
+# (LONG_BWD_PRESUM_AFTER: under 64, ptxas of Triton 3.6 spills 8 to 24 bytes
+# there, 3.8's none), and the fp32 rows of the three row norms, whose chunks
+# hold twice the bytes: measured faster at every length tried, 2304 to 36864;
+# FusedAdd's and LayerNorm's pre-summed 16-bit rows slower. The higher cap
+# needs chunks of at most 16 warps: 512 threads of 128 registers fill
+# REGISTERS_PER_SM, so chunks of 8192 (32 warps) keep 64 (NOTES.md, section
+# 6). RMSNorm's frozen backward (no ds) of 16-bit rows up
 # to LONG_BWD_PRESUM_AFTER halves its chunks while that pads less down to
 # LONG_BWD_SPILL_CHUNK_MIN, not once, where that makes whole chunks: 9216 = 9
 # x 1024 and 13312 = 13 x 1024 under that cap, not 5 and 7 x 2048 (the last
 # half empty). Measured faster there; with a partial last chunk (12800 =
 # 12.5 x 1024) slower, and so were FusedAdd's backward and the forwards.
-# RMSNorm's pre-summed rows (LONG_BWD_PRESUM_AFTER) take
-# LONG_BWD_SPILL_MAX_REGISTERS too, on chunks of up to 16 warps (512 threads
-# of 128 registers fill REGISTERS_PER_SM; chunks of 8192, 32 warps, cannot
-# launch so): under 64, ptxas of Triton 3.6 spills 8 to 24 bytes there (3.8's none).
-# Measured faster at 20480 to 36864, bf16 and fp32; FusedAdd's (with ds) and
-# LayerNorm's slower so (NOTES.md, section 6).
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
@@ -1680,12 +1680,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns.
         if compute_dx:
-            # ptxas spills LONG_BWD_SPILL_CHUNKS or more whole chunks of LONG_ELEMENTS_PER_THREAD a thread,
-            # and RMSNorm's pre-summed rows where a program has the registers (REGISTERS_PER_SM).
+            # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
+            # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
+            # fp32 rows, where a program's threads have them.
             spills = ((may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
                        and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
-                      or (presum > 1 and mean is None and ds is None
-                          and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM))
+                      or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
+            spills = spills and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,

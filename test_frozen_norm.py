@@ -755,8 +755,10 @@ def test_long_row_backward_register_cap(name):
     ("rms", 13312, torch.bfloat16, 1024, True),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
     ("fadd", 13312, torch.bfloat16, 2048, False),    # FusedAdd's 6 chunks of 2048 and a partial one
     ("rms", 12800, torch.bfloat16, 2048, False),     # 1024 would leave a partial chunk: one halving
-    ("rms", 13312, torch.float32, 2048, False),      # fp32 keeps one halving and the cap
-    ("rms", 10240, torch.float32, 2048, False),
+    ("rms", 13312, torch.float32, 2048, True),       # fp32: one halving, the higher cap
+    ("rms", 10240, torch.float32, 2048, True),
+    ("ln", 12288, torch.float32, 4096, True),
+    ("fadd", 32768, torch.float32, 8192, False),     # 32 warps: 128 registers each would not fit an SM
     ("rms", 12288, torch.bfloat16, 4096, False),     # 3 chunks
     ("rms", 4608, torch.bfloat16, 512, False),       # 9 chunks of 512
     ("ln", 10240, torch.bfloat16, 2048, False),      # two sums, pre-summed
@@ -767,9 +769,9 @@ def test_long_row_backward_register_cap(name):
 def test_long_row_backward_spill_cap(name, N, dtype, chunk, spills):
     """RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
-    elements or more, and RMSNorm's on pre-summed rows in chunks of at most
-    16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS instead of
-    LONG_BWD_MAX_REGISTERS, under which ptxas spills; RMSNorm's frozen one
+    elements or more, RMSNorm's on pre-summed rows and every fp32 row, in
+    chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS instead of
+    LONG_BWD_MAX_REGISTERS (see that constant); RMSNorm's frozen one
     halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
     less and leaves whole chunks. On a GPU the variants with the higher cap
     compile and run, checked against float64."""
