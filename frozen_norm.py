@@ -1419,7 +1419,8 @@ def _long_row_norm_bwd_kernel(
     (NOTES.md, sections 2 and 6).
 
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
-    thread (LONG_BWD_SPILL_MAX_REGISTERS where ptxas spills under that).
+    thread (LONG_BWD_SPILL_MAX_REGISTERS for fp32 rows and where ptxas spills
+    under that; see the constants).
     Pointers and dtypes as `_row_norm_bwd_kernel`, but DWp and DBp
     (GroupNorm's only, below).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
