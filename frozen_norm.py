@@ -221,12 +221,12 @@ RMS_PADDED_CHUNK_MIN = 1024
 # registers, measured slower). So do RMSNorm's pre-summed rows
 # (LONG_BWD_PRESUM_AFTER: under 64, ptxas of Triton 3.6 spills 8 to 24 bytes
 # there, 3.8's none), and the fp32 rows of the three row norms, whose chunks
-# hold twice the bytes: measured faster at every length tried, 2304 to 36864;
-# FusedAdd's and LayerNorm's pre-summed 16-bit rows slower. The higher cap
-# needs chunks of at most 16 warps: 512 threads of 128 registers fill
-# REGISTERS_PER_SM, so chunks of 8192 (32 warps) keep 64 (NOTES.md, section
-# 6). RMSNorm's frozen backward (no ds) of 16-bit rows up
-# to LONG_BWD_PRESUM_AFTER halves its chunks while that pads less down to
+# hold twice the bytes: measured faster at every length tried from 576 to
+# 36864 but FusedAdd's 5376; FusedAdd's and LayerNorm's pre-summed 16-bit
+# rows slower. The higher cap needs chunks of at most 16 warps: 512 threads
+# of 128 registers fill REGISTERS_PER_SM, so chunks of 8192 (32 warps) keep
+# 64 (NOTES.md, section 6). RMSNorm's frozen backward (no ds) of 16-bit rows
+# up to LONG_BWD_PRESUM_AFTER halves its chunks while that pads less down to
 # LONG_BWD_SPILL_CHUNK_MIN, not once, where that makes whole chunks: 9216 = 9
 # x 1024 and 13312 = 13 x 1024 under that cap, not 5 and 7 x 2048 (the last
 # half empty). Measured faster there; with a partial last chunk (12800 =
@@ -1683,16 +1683,16 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
-            # fp32 rows, where a program's threads have them.
-            spills = ((may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
-                       and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
-                      or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
-            spills = spills and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM
+            # fp32 rows, where a program's threads have them (REGISTERS_PER_SM).
+            whole_per_lane = (may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
+                              and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
+            high_cap = ((whole_per_lane or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
+                        and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
             _long_row_norm_bwd_kernel[(M,)](
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
                 num_warps=t.num_warps,
-                maxnreg=LONG_BWD_SPILL_MAX_REGISTERS if spills else LONG_BWD_MAX_REGISTERS)
+                maxnreg=LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
         if trains:
             dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
