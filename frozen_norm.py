@@ -156,7 +156,9 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # halve again while that pads less, down to LONG_CHUNK_MIN (4 warps of 4
 # elements, 8-byte bf16 loads): LayerNorm's 4608 = 9 x 512, not 5 x 1024
 # (RMSNorm's and FusedAdd's 16-bit rows stop at RMS_PADDED_CHUNK_MIN).
-# Longer rows measured slower so (13312 = 13 x 1024, not 7 x 2048).
+# Longer rows measured slower so (13312 = 13 x 1024, not 7 x 2048), but
+# where the halving makes whole chunks in RMSNorm's frozen backward
+# (LONG_BWD_SPILL_CHUNK_MIN) and PolyNorm's forward (POLY_FWD_WHOLE_MAX_CHUNKS).
 LONG_CHUNK_MAX = 8192
 LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4

@@ -749,7 +749,7 @@ def test_long_row_backward_register_cap(name):
     assert caps and all(cap is None for cap in caps.values()), caps
 
 
-@pytest.mark.parametrize("name, N, dtype, chunk, spills", [
+@pytest.mark.parametrize("name, N, dtype, chunk, high_cap", [
     ("rms", 5120, torch.bfloat16, 1024, True), ("rms", 10240, torch.float16, 2048, True),   # 5 whole chunks
     ("fadd", 14336, torch.bfloat16, 2048, True),     # 7 whole chunks of 2048
     ("rms", 13312, torch.bfloat16, 1024, True),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
@@ -766,12 +766,12 @@ def test_long_row_backward_register_cap(name):
     ("rms", 28672, torch.float32, 4096, True),
     ("fadd", 20480, torch.bfloat16, 4096, False),    # FusedAdd's pre-summed rows keep the cap
     ("rms", 40960, torch.bfloat16, 8192, False)])    # 32 warps: 128 registers each would not fit an SM
-def test_long_row_backward_spill_cap(name, N, dtype, chunk, spills):
+def test_long_row_backward_spill_cap(name, N, dtype, chunk, high_cap):
     """RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
     elements or more, RMSNorm's on pre-summed rows and every fp32 row, in
-    chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS instead of
-    LONG_BWD_MAX_REGISTERS (see that constant); RMSNorm's frozen one
+    chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS
+    instead of LONG_BWD_MAX_REGISTERS (see that constant); RMSNorm's frozen one
     halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
     less and leaves whole chunks. On a GPU the variants with the higher cap
     compile and run, checked against float64."""
@@ -779,8 +779,8 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, spills):
     rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"], dtype)
     (launch,) = rec.launches
     assert launch.name == "_long_row_norm_bwd_kernel" and launch.constexprs["BLOCK_N"] == chunk
-    assert launch.maxnreg == (fn.LONG_BWD_SPILL_MAX_REGISTERS if spills else fn.LONG_BWD_MAX_REGISTERS)
-    if spills:
+    assert launch.maxnreg == (fn.LONG_BWD_SPILL_MAX_REGISTERS if high_cap else fn.LONG_BWD_MAX_REGISTERS)
+    if high_cap:
         check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
