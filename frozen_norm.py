@@ -158,11 +158,20 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # (RMSNorm's and FusedAdd's 16-bit rows stop at RMS_PADDED_CHUNK_MIN).
 # Longer rows measured slower so (13312 = 13 x 1024, not 7 x 2048), but
 # where the halving makes whole chunks in RMSNorm's frozen backward
-# (LONG_BWD_SPILL_CHUNK_MIN) and PolyNorm's forward (POLY_FWD_WHOLE_MAX_CHUNKS).
+# (LONG_BWD_SPILL_CHUNK_MIN) or few of them (WHOLE_MAX_CHUNKS).
 LONG_CHUNK_MAX = 8192
 LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
+# The forwards with several row sums (LayerNorm's and PolyNorm's) and the
+# frozen backwards of RMSNorm and LayerNorm (no dw, db or ds) halve the chunks
+# of 16-bit long rows further, down to LONG_CHUNK_MIN, where that makes at
+# most WHOLE_MAX_CHUNKS whole ones: 4608 = 9 x 512, 9216 = 9 x 1024 and 18432
+# = 9 x 2048, not 5 chunks with the last one half empty. Measured faster
+# there; slower with more chunks (13312 = 13 x 1024, 12800 = 25 x 512), in
+# RMSNorm's forward (one sum), in FusedAdd's backward with ds (but at 18432),
+# and in PolyNorm's fp32 forward at 9216 (NOTES.md, section 6).
+WHOLE_MAX_CHUNKS = 9
 # A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
 # 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
 # Longer than PADDED_ROW_MIN, such rows take the long-row plan instead, whose
@@ -291,13 +300,6 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # long-row kernel faster frozen, slower trained), so the tile keeps it.
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
-# PolyNorm's forward of 16-bit long rows halves its chunks once more (down to
-# LONG_CHUNK_MIN) where that makes at most POLY_FWD_WHOLE_MAX_CHUNKS whole
-# ones: 4608 = 9 x 512, 9216 = 9 x 1024 and 18432 = 9 x 2048, not 5 chunks
-# with the last one half empty. Measured faster there; slower with more
-# chunks (13312 = 13 x 1024, 12800 = 25 x 512), and in fp32 at 9216 (faster
-# at 4608) (NOTES.md, section 6).
-POLY_FWD_WHOLE_MAX_CHUNKS = 9
 # 16-bit rows up to POLY_WARP_ROW_MAX on the long-row plan (PolyNorm's
 # forward past POLY_FWD_ROW_BLOCK_MAX, its backward's padded rows) walk chunks
 # of one warp's 32 x LONG_ELEMENTS_PER_THREAD = 256 elements: the row's sums
@@ -1577,8 +1579,10 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if M == 0:
         return y, s, mean, rstd
     if residual is None:
-        t = _row_tiling(M, N, padded_long=True, padded_tile=center,   # PADDED_TILE_WARPS for LayerNorm's
-                        padded_floor=_padded_floor(x, center))
+        plan = dict(padded_long=True, padded_tile=center)   # PADDED_TILE_WARPS for LayerNorm's
+        t = _row_tiling(M, N, padded_floor=_padded_floor(x, center), **plan)
+        if center and x.element_size() == 2:   # LayerNorm's two sums: few whole chunks (WHOLE_MAX_CHUNKS)
+            t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
         t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
     args = (x, residual, s, y, weight, bias, mean, rstd)
@@ -1644,15 +1648,17 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # under LONG_BWD_MAX_REGISTERS (per-lane sums of 16-bit rows: LONG_BWD_SPILL_CHUNKS).
     presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
     may_spill = presum == 1 and x.element_size() == 2
-    t = _row_tiling(M, N, backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
-                    padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None,
-                    padded_floor=_padded_floor(x, mean is not None))
-    if rms_frozen and may_spill:
-        # Whole chunks where they fit the row: a long row's down to
-        # LONG_BWD_SPILL_CHUNK_MIN, a padded row's down to LONG_CHUNK_MIN,
-        # below RMS_PADDED_CHUNK_MIN (4608 = 9 x 512).
-        t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, backward=True, padded_long=True,
-                          padded_min=PADDED_SHORT_ROW_MIN)
+    plan = dict(backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
+                padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
+    t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
+    if ds is None and not trains and x.element_size() == 2:
+        # RMSNorm's and LayerNorm's frozen backward: whole chunks where they
+        # fit the row. RMSNorm's per-lane rows' down to LONG_BWD_SPILL_CHUNK_MIN
+        # (13312 = 13 x 1024), its padded rows' below RMS_PADDED_CHUNK_MIN
+        # (4608 = 9 x 512); else a few, down to LONG_CHUNK_MIN (WHOLE_MAX_CHUNKS).
+        if rms_frozen and may_spill:
+            t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
+        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -2844,12 +2850,12 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # Short rows batched in tiles, one program per tile as in the row norms'
     # forward (a persistent grid measured slower at rows of 256 and 1024);
     # longer rows: the row norms' long-row plan of chunks, whole ones for
-    # 16-bit rows where few fit (POLY_FWD_WHOLE_MAX_CHUNKS), on one warp for
+    # 16-bit rows where few fit (WHOLE_MAX_CHUNKS), on one warp for
     # 16-bit rows up to POLY_WARP_ROW_MAX (`_poly_long_tiling`).
     plan = dict(block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
     t = _row_tiling(M, N, **plan)
     if x.element_size() == 2:
-        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, POLY_FWD_WHOLE_MAX_CHUNKS, **plan)
+        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
     t = _poly_long_tiling(t, x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:

@@ -351,22 +351,45 @@ def test_poly_warp_rows_plan(dtype, N, warps):
         assert launch.name.startswith("_long_poly") and launch.num_warps == warps, (what, launch.name)
 
 
-@pytest.mark.parametrize("N, dtype, chunk", [
-    (4608, torch.bfloat16, 512), (9216, torch.float16, 1024), (18432, torch.bfloat16, 2048),   # 9 whole chunks
-    (6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than POLY_FWD_WHOLE_MAX_CHUNKS
-    (12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
-    (4608, torch.float32, 1024)])     # fp32 keeps one halving
-def test_poly_forward_whole_chunks(N, dtype, chunk):
-    """PolyNorm's long-row forward of 16-bit rows halves its chunks once more
-    where that leaves at most POLY_FWD_WHOLE_MAX_CHUNKS whole ones; else one
-    halving (the last chunk partial). The first launch, on meta tensors; a
-    row of 9 x 512 runs against float64."""
+def _long_row_launch(what, N, dtype):
+    """The first launch of `what` ("<op> forward" or "<op> backward", every
+    parameter frozen) on 3 meta rows of N, recorded, not run."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    name, direction = what.split()
+    if direction == "backward":
+        variant = VARIANTS[name]["all frozen" if name in ("ln", "poly") else "frozen w"]
+        return record_backward(name, (3, N), variant, dtype).launches[0]
     x = torch.empty(3, N, device="meta", dtype=dtype)
     w3, b1 = torch.empty(3, device="meta", dtype=dtype), torch.empty(1, device="meta", dtype=dtype)
-    launch = _first_launches({"forward": lambda: fn.poly_norm_forward(x, w3, b1)})["forward"]
-    assert launch.name == "_long_poly_norm_fwd_kernel" and launch.constexprs["BLOCK_N"] == chunk
-    if (N, dtype) == (4608, torch.bfloat16):
-        check_op(OPS["poly"], (3, N), dtype, ALL_FROZEN["poly"], _with_grads("poly"))
+    forward = {"rms": lambda: fn.rms_norm_forward(x, (N,), x[0]),
+               "ln": lambda: fn.layer_norm_forward(x, (N,), x[0], x[0]),
+               "poly": lambda: fn.poly_norm_forward(x, w3, b1)}[name]
+    return _first_launches({what: forward})[what]
+
+
+@pytest.mark.parametrize("what, N, dtype, chunk", [
+    ("poly forward", 4608, torch.bfloat16, 512), ("poly forward", 9216, torch.float16, 1024),   # 9 whole chunks
+    ("poly forward", 18432, torch.bfloat16, 2048), ("ln forward", 9216, torch.bfloat16, 1024),
+    ("ln forward", 18432, torch.float16, 2048), ("ln backward", 9216, torch.bfloat16, 1024),
+    ("ln backward", 18432, torch.bfloat16, 2048), ("rms backward", 18432, torch.bfloat16, 2048),
+    ("poly forward", 6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than WHOLE_MAX_CHUNKS
+    ("ln backward", 13312, torch.bfloat16, 2048),     # 13 x 1024
+    ("poly forward", 12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
+    ("rms forward", 9216, torch.bfloat16, 2048),      # RMSNorm's forward (one sum) keeps one halving
+    ("fadd backward", 18432, torch.bfloat16, 4096),   # and so does FusedAdd's backward (ds)
+    ("poly forward", 4608, torch.float32, 1024),      # and fp32 rows
+    ("ln forward", 9216, torch.float32, 2048), ("rms backward", 18432, torch.float32, 4096)])
+def test_whole_chunks(what, N, dtype, chunk):
+    """The long-row forwards of LayerNorm and PolyNorm and the frozen
+    backwards of RMSNorm and LayerNorm, on 16-bit rows, halve their chunks
+    further where that leaves at most WHOLE_MAX_CHUNKS whole ones; else one
+    halving (the last chunk partial). The first launch, on meta tensors; two
+    such plans run against float64."""
+    launch = _long_row_launch(what, N, dtype)
+    assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
+    name = what.split()[0]
+    if (what, N, dtype) in (("poly forward", 4608, torch.bfloat16), ("ln backward", 9216, torch.bfloat16)):
+        check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
