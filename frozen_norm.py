@@ -164,13 +164,14 @@ LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
 # The forwards with several row sums (LayerNorm's and PolyNorm's) and the
-# frozen backwards of RMSNorm and LayerNorm (no dw, db or ds) halve the chunks
-# of 16-bit long rows further, down to LONG_CHUNK_MIN, where that makes at
-# most WHOLE_MAX_CHUNKS whole ones: 4608 = 9 x 512, 9216 = 9 x 1024 and 18432
-# = 9 x 2048, not 5 chunks with the last one half empty. Measured faster
-# there; slower with more chunks (13312 = 13 x 1024, 12800 = 25 x 512), in
-# RMSNorm's forward (one sum), in FusedAdd's backward with ds (but at 18432),
-# and in PolyNorm's fp32 forward at 9216 (NOTES.md, section 6).
+# long-row backwards of RMSNorm, LayerNorm and PolyNorm (not FusedAdd's, with
+# ds) halve the chunks of 16-bit long rows further, down to LONG_CHUNK_MIN,
+# where that makes at most WHOLE_MAX_CHUNKS whole ones: 4608 = 9 x 512, 9216
+# = 9 x 1024 and 18432 = 9 x 2048, not 5 chunks with the last one half empty.
+# Measured faster there, frozen and trained; slower with more chunks (13312 =
+# 13 x 1024, 12800 = 25 x 512), in RMSNorm's forward (one sum), in FusedAdd's
+# backward (but at 18432), and in PolyNorm's fp32 forward at 9216 (NOTES.md,
+# section 6).
 WHOLE_MAX_CHUNKS = 9
 # A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
 # 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
@@ -1651,11 +1652,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     plan = dict(backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
-    if ds is None and not trains and x.element_size() == 2:
-        # RMSNorm's and LayerNorm's frozen backward: whole chunks where they
-        # fit the row. RMSNorm's per-lane rows' down to LONG_BWD_SPILL_CHUNK_MIN
-        # (13312 = 13 x 1024), its padded rows' below RMS_PADDED_CHUNK_MIN
-        # (4608 = 9 x 512); else a few, down to LONG_CHUNK_MIN (WHOLE_MAX_CHUNKS).
+    if ds is None and x.element_size() == 2:
+        # RMSNorm's and LayerNorm's long-row dx kernel: whole chunks where they
+        # fit the row. RMSNorm's frozen per-lane rows' down to
+        # LONG_BWD_SPILL_CHUNK_MIN (13312 = 13 x 1024), its padded rows' below
+        # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few, down to
+        # LONG_CHUNK_MIN (WHOLE_MAX_CHUNKS).
         if rms_frozen and may_spill:
             t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
         t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
@@ -2888,8 +2890,12 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    t = _poly_long_tiling(_row_tiling(M, N, backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX,
-                                      padded_long=True, padded_min=PADDED_SHORT_ROW_MIN), x)
+    plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
+                padded_min=PADDED_SHORT_ROW_MIN)
+    t = _row_tiling(M, N, **plan)
+    if x.element_size() == 2:   # whole chunks where few fit (WHOLE_MAX_CHUNKS)
+        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
+    t = _poly_long_tiling(t, x)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

@@ -352,12 +352,13 @@ def test_poly_warp_rows_plan(dtype, N, warps):
 
 
 def _long_row_launch(what, N, dtype):
-    """The first launch of `what` ("<op> forward" or "<op> backward", every
-    parameter frozen) on 3 meta rows of N, recorded, not run."""
+    """The first launch of `what` ("<op> forward", "<op> backward" with every
+    parameter frozen, or "<op> trained") on 3 meta rows of N, recorded, not run."""
     from bench_frozen_norm import VARIANTS, record_backward
     name, direction = what.split()
-    if direction == "backward":
-        variant = VARIANTS[name]["all frozen" if name in ("ln", "poly") else "frozen w"]
+    if direction != "forward":
+        frozen = "all frozen" if name in ("ln", "poly") else "frozen w"
+        variant = VARIANTS[name]["trainable" if direction == "trained" else frozen]
         return record_backward(name, (3, N), variant, dtype).launches[0]
     x = torch.empty(3, N, device="meta", dtype=dtype)
     w3, b1 = torch.empty(3, device="meta", dtype=dtype), torch.empty(1, device="meta", dtype=dtype)
@@ -372,6 +373,8 @@ def _long_row_launch(what, N, dtype):
     ("poly forward", 18432, torch.bfloat16, 2048), ("ln forward", 9216, torch.bfloat16, 1024),
     ("ln forward", 18432, torch.float16, 2048), ("ln backward", 9216, torch.bfloat16, 1024),
     ("ln backward", 18432, torch.bfloat16, 2048), ("rms backward", 18432, torch.bfloat16, 2048),
+    ("poly backward", 18432, torch.bfloat16, 2048), ("rms trained", 18432, torch.float16, 2048),
+    ("ln trained", 9216, torch.bfloat16, 1024), ("poly trained", 18432, torch.bfloat16, 2048),
     ("poly forward", 6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than WHOLE_MAX_CHUNKS
     ("ln backward", 13312, torch.bfloat16, 2048),     # 13 x 1024
     ("poly forward", 12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
@@ -380,16 +383,17 @@ def _long_row_launch(what, N, dtype):
     ("poly forward", 4608, torch.float32, 1024),      # and fp32 rows
     ("ln forward", 9216, torch.float32, 2048), ("rms backward", 18432, torch.float32, 4096)])
 def test_whole_chunks(what, N, dtype, chunk):
-    """The long-row forwards of LayerNorm and PolyNorm and the frozen
-    backwards of RMSNorm and LayerNorm, on 16-bit rows, halve their chunks
-    further where that leaves at most WHOLE_MAX_CHUNKS whole ones; else one
-    halving (the last chunk partial). The first launch, on meta tensors; two
-    such plans run against float64."""
+    """The long-row forwards of LayerNorm and PolyNorm and the long-row
+    backwards of RMSNorm, LayerNorm and PolyNorm, frozen or trained, on 16-bit
+    rows, halve their chunks further where that leaves at most
+    WHOLE_MAX_CHUNKS whole ones; else one halving (the last chunk partial).
+    The first launch, on meta tensors; three such plans run against float64."""
     launch = _long_row_launch(what, N, dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     name = what.split()[0]
-    if (what, N, dtype) in (("poly forward", 4608, torch.bfloat16), ("ln backward", 9216, torch.bfloat16)):
-        check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
+    runs = {("poly forward", 4608): ALL_FROZEN, ("ln backward", 9216): ALL_FROZEN, ("poly trained", 18432): ALL_TRAIN}
+    if dtype == torch.bfloat16 and (what, N) in runs:
+        check_op(OPS[name], (3, N), dtype, runs[what, N][name], _with_grads(name))
 
 
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
