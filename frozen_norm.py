@@ -589,6 +589,12 @@ def _whole_chunks(t: _RowTiling, M: int, N: int, long_floor: int, max_chunks: Op
     return whole if fits else t
 
 
+def _few_whole_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _RowTiling:
+    """`_whole_chunks` by the rule of WHOLE_MAX_CHUNKS: for x's 16-bit rows,
+    at most that many whole chunks, down to LONG_CHUNK_MIN."""
+    return _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan) if x.element_size() == 2 else t
+
+
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
     """Whether Triton can prove 16-byte vector loads on rows of these `strides`
     (and at these tensors' addresses; None skipped): its launcher specialises
@@ -1582,8 +1588,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if residual is None:
         plan = dict(padded_long=True, padded_tile=center)   # PADDED_TILE_WARPS for LayerNorm's
         t = _row_tiling(M, N, padded_floor=_padded_floor(x, center), **plan)
-        if center and x.element_size() == 2:   # LayerNorm's two sums: few whole chunks (WHOLE_MAX_CHUNKS)
-            t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
+        if center:   # LayerNorm's two sums (WHOLE_MAX_CHUNKS)
+            t = _few_whole_chunks(t, x, M, N, **plan)
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
         t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
     args = (x, residual, s, y, weight, bias, mean, rstd)
@@ -1652,15 +1658,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     plan = dict(backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
-    if ds is None and x.element_size() == 2:
-        # RMSNorm's and LayerNorm's long-row dx kernel: whole chunks where they
-        # fit the row. RMSNorm's frozen per-lane rows' down to
-        # LONG_BWD_SPILL_CHUNK_MIN (13312 = 13 x 1024), its padded rows' below
-        # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few, down to
-        # LONG_CHUNK_MIN (WHOLE_MAX_CHUNKS).
-        if rms_frozen and may_spill:
-            t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
-        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
+    # The long-row dx kernel (not FusedAdd's with ds) on whole chunks where
+    # they fit the row: RMSNorm's frozen per-lane rows' down to
+    # LONG_BWD_SPILL_CHUNK_MIN (13312 = 13 x 1024), its padded rows' below
+    # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few (WHOLE_MAX_CHUNKS).
+    if rms_frozen and may_spill:
+        t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
+    if ds is None:
+        t = _few_whole_chunks(t, x, M, N, **plan)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -2855,10 +2860,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # 16-bit rows where few fit (WHOLE_MAX_CHUNKS), on one warp for
     # 16-bit rows up to POLY_WARP_ROW_MAX (`_poly_long_tiling`).
     plan = dict(block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
-    t = _row_tiling(M, N, **plan)
-    if x.element_size() == 2:
-        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
-    t = _poly_long_tiling(t, x)
+    t = _poly_long_tiling(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
@@ -2892,10 +2894,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     dx_stride = N if compute_dx else 0
     plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
                 padded_min=PADDED_SHORT_ROW_MIN)
-    t = _row_tiling(M, N, **plan)
-    if x.element_size() == 2:   # whole chunks where few fit (WHOLE_MAX_CHUNKS)
-        t = _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
-    t = _poly_long_tiling(t, x)
+    t = _poly_long_tiling(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x)   # WHOLE_MAX_CHUNKS
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

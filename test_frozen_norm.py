@@ -351,49 +351,46 @@ def test_poly_warp_rows_plan(dtype, N, warps):
         assert launch.name.startswith("_long_poly") and launch.num_warps == warps, (what, launch.name)
 
 
-def _long_row_launch(what, N, dtype):
-    """The first launch of `what` ("<op> forward", "<op> backward" with every
-    parameter frozen, or "<op> trained") on 3 meta rows of N, recorded, not run."""
+def _first_launch(name, call, N, dtype):
+    """The first launch of op `name`'s `call` ("forward", or a backward
+    variant of VARIANTS) on 3 meta rows of N, recorded, not run."""
     from bench_frozen_norm import VARIANTS, record_backward
-    name, direction = what.split()
-    if direction != "forward":
-        frozen = "all frozen" if name in ("ln", "poly") else "frozen w"
-        variant = VARIANTS[name]["trainable" if direction == "trained" else frozen]
-        return record_backward(name, (3, N), variant, dtype).launches[0]
+    if call != "forward":
+        return record_backward(name, (3, N), VARIANTS[name][call], dtype).launches[0]
     x = torch.empty(3, N, device="meta", dtype=dtype)
     w3, b1 = torch.empty(3, device="meta", dtype=dtype), torch.empty(1, device="meta", dtype=dtype)
     forward = {"rms": lambda: fn.rms_norm_forward(x, (N,), x[0]),
                "ln": lambda: fn.layer_norm_forward(x, (N,), x[0], x[0]),
                "poly": lambda: fn.poly_norm_forward(x, w3, b1)}[name]
-    return _first_launches({what: forward})[what]
+    return _first_launches({call: forward})[call]
 
 
-@pytest.mark.parametrize("what, N, dtype, chunk", [
-    ("poly forward", 4608, torch.bfloat16, 512), ("poly forward", 9216, torch.float16, 1024),   # 9 whole chunks
-    ("poly forward", 18432, torch.bfloat16, 2048), ("ln forward", 9216, torch.bfloat16, 1024),
-    ("ln forward", 18432, torch.float16, 2048), ("ln backward", 9216, torch.bfloat16, 1024),
-    ("ln backward", 18432, torch.bfloat16, 2048), ("rms backward", 18432, torch.bfloat16, 2048),
-    ("poly backward", 18432, torch.bfloat16, 2048), ("rms trained", 18432, torch.float16, 2048),
-    ("ln trained", 9216, torch.bfloat16, 1024), ("poly trained", 18432, torch.bfloat16, 2048),
-    ("poly forward", 6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than WHOLE_MAX_CHUNKS
-    ("ln backward", 13312, torch.bfloat16, 2048),     # 13 x 1024
-    ("poly forward", 12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
-    ("rms forward", 9216, torch.bfloat16, 2048),      # RMSNorm's forward (one sum) keeps one halving
-    ("fadd backward", 18432, torch.bfloat16, 4096),   # and so does FusedAdd's backward (ds)
-    ("poly forward", 4608, torch.float32, 1024),      # and fp32 rows
-    ("ln forward", 9216, torch.float32, 2048), ("rms backward", 18432, torch.float32, 4096)])
-def test_whole_chunks(what, N, dtype, chunk):
+@pytest.mark.parametrize("name, call, N, dtype, chunk", [
+    ("poly", "forward", 4608, torch.bfloat16, 512), ("poly", "forward", 9216, torch.float16, 1024),   # 9 whole
+    ("poly", "forward", 18432, torch.bfloat16, 2048), ("ln", "forward", 9216, torch.bfloat16, 1024),
+    ("ln", "forward", 18432, torch.float16, 2048), ("ln", "all frozen", 9216, torch.bfloat16, 1024),
+    ("ln", "all frozen", 18432, torch.bfloat16, 2048), ("rms", "frozen w", 18432, torch.bfloat16, 2048),
+    ("poly", "all frozen", 18432, torch.bfloat16, 2048), ("rms", "trainable", 18432, torch.float16, 2048),
+    ("ln", "trainable", 9216, torch.bfloat16, 1024), ("poly", "trainable", 18432, torch.bfloat16, 2048),
+    ("poly", "forward", 6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than WHOLE_MAX_CHUNKS
+    ("ln", "all frozen", 13312, torch.bfloat16, 2048),   # 13 x 1024
+    ("poly", "forward", 12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
+    ("rms", "forward", 9216, torch.bfloat16, 2048),      # RMSNorm's forward (one sum) keeps one halving
+    ("fadd", "frozen w", 18432, torch.bfloat16, 4096),   # and so does FusedAdd's backward (ds)
+    ("poly", "forward", 4608, torch.float32, 1024),      # and fp32 rows
+    ("ln", "forward", 9216, torch.float32, 2048), ("rms", "frozen w", 18432, torch.float32, 4096)])
+def test_whole_chunks(name, call, N, dtype, chunk):
     """The long-row forwards of LayerNorm and PolyNorm and the long-row
     backwards of RMSNorm, LayerNorm and PolyNorm, frozen or trained, on 16-bit
     rows, halve their chunks further where that leaves at most
     WHOLE_MAX_CHUNKS whole ones; else one halving (the last chunk partial).
     The first launch, on meta tensors; three such plans run against float64."""
-    launch = _long_row_launch(what, N, dtype)
+    launch = _first_launch(name, call, N, dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
-    name = what.split()[0]
-    runs = {("poly forward", 4608): ALL_FROZEN, ("ln backward", 9216): ALL_FROZEN, ("poly trained", 18432): ALL_TRAIN}
-    if dtype == torch.bfloat16 and (what, N) in runs:
-        check_op(OPS[name], (3, N), dtype, runs[what, N][name], _with_grads(name))
+    runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
+            ("poly", "trainable", 18432): ALL_TRAIN}
+    if dtype == torch.bfloat16 and (name, call, N) in runs:
+        check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
 
 
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
@@ -657,14 +654,7 @@ def test_rms_padded_chunk_min(name, call, N, dtype, chunk):
     fp32 rows and LayerNorm's go down to LONG_CHUNK_MIN. The chunk of the
     first launch, on meta tensors; the 1024-element chunks of padded rows run
     in test_padded_rows (2560)."""
-    from bench_frozen_norm import VARIANTS, record_backward
-    if call == "forward":
-        x = torch.empty(3, N, device="meta", dtype=dtype)
-        forward = {"rms": lambda: fn.rms_norm_forward(x, (N,), x[0]),
-                   "ln": lambda: fn.layer_norm_forward(x, (N,), x[0], x[0])}[name]
-        launch = _first_launches({call: forward})[call]
-    else:
-        launch = record_backward(name, (3, N), VARIANTS[name][call], dtype).launches[0]
+    launch = _first_launch(name, call, N, dtype)
     assert launch.name.startswith("_long_row_norm_") and launch.constexprs["BLOCK_N"] == chunk
 
 
