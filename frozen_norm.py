@@ -147,8 +147,8 @@ ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
 # Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
 # the second time from L2. A chunk is a quarter of the row (rounded up to a
-# power of two), at most 8192 elements, at 8 elements per thread: 32 warps for
-# 8192. Halves, eighths, a 4096 cap and 16 elements per thread each measured
+# power of two), at most 8192 elements (but LONG_WIDE_CHUNK_MAX, below), at 8
+# elements per thread: 32 warps for 8192. Halves, eighths, a 4096 cap and 16 elements per thread each measured
 # slower somewhere from 12288 to 32768 (NOTES.md, section 6). Where half a chunk
 # pads the row less, the planner takes it: 20480 = 5 x 4096, not 3 x 8192 with
 # the last one half empty, which idles half the warps of every third step.
@@ -173,6 +173,15 @@ LONG_ELEMENTS_PER_THREAD = 8
 # backward (but at 18432), and in PolyNorm's fp32 forward at 9216 (NOTES.md,
 # section 6).
 WHOLE_MAX_CHUNKS = 9
+# The forwards with one row sum (RMSNorm's, and FusedAdd's past
+# RESIDUAL_ROW_BLOCK_MAX) and PolyNorm's backward take chunks of up to this
+# many elements, 16 a thread at MAX_WARPS, on 16-bit rows that they fit whole
+# (a quarter of a row longer than 32768: 49152 = 3 x 16384, not 6 x 8192):
+# twice the bytes in flight per program where a program per row leaves one
+# or two per SM. Measured faster there, and slower in
+# LayerNorm's and PolyNorm's forwards, GroupNorm's and RMSNorm's backward
+# (NOTES.md, section 6).
+LONG_WIDE_CHUNK_MAX = 16384
 # A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
 # 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
 # Longer than PADDED_ROW_MIN, such rows take the long-row plan instead, whose
@@ -514,7 +523,8 @@ class _RowTiling(NamedTuple):
 def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int] = None,
                 elements_per_thread: Optional[int] = None, padded_long: bool = False,
                 padded_tile: bool = False, padded_min: Optional[int] = None,
-                long_floor: Optional[int] = None, padded_floor: Optional[int] = None) -> _RowTiling:
+                long_floor: Optional[int] = None, padded_floor: Optional[int] = None,
+                chunk_max: Optional[int] = None) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
@@ -524,9 +534,10 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     tile poorly (PADDED_ROW_FILL) and are longer than `padded_min` (default
     PADDED_ROW_MIN); with `padded_tile`, the tiles of such rows that stay in
     one run on at most PADDED_TILE_WARPS warps (one up to PADDED_WARP_ROW_MAX).
-    Rows past `block_max` halve their chunk once at most where that pads the
-    row less, or with `long_floor` down to that length; padded rows down to
-    LONG_CHUNK_MIN, or `padded_floor`."""
+    Rows past `block_max` take chunks of up to LONG_CHUNK_MAX (or `chunk_max`)
+    and halve them once at most where that pads the row less, or with
+    `long_floor` down to that length; padded rows down to LONG_CHUNK_MIN, or
+    `padded_floor`."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
@@ -536,7 +547,7 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
         padded = (PADDED_ROW_FILL, (padded_min or PADDED_ROW_MIN) if padded_long else None,
                   (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) if padded_tile else None, padded_floor)
     return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept,
-                              (LONG_CHUNK_MIN, LONG_CHUNK_MAX, long_floor), LONG_MIN_CHUNKS,
+                              (LONG_CHUNK_MIN, chunk_max or LONG_CHUNK_MAX, long_floor), LONG_MIN_CHUNKS,
                               LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
 
 
@@ -593,6 +604,15 @@ def _few_whole_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) ->
     """`_whole_chunks` by the rule of WHOLE_MAX_CHUNKS: for x's 16-bit rows,
     at most that many whole chunks, down to LONG_CHUNK_MIN."""
     return _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan) if x.element_size() == 2 else t
+
+
+def _wide_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _RowTiling:
+    """The long-row plan `t`, or by the rule of LONG_WIDE_CHUNK_MAX, for x's
+    16-bit rows, the plan of chunks up to that length where they fit the row whole."""
+    if t.one_pass or x.element_size() != 2:
+        return t
+    wide = _row_tiling(M, N, chunk_max=LONG_WIDE_CHUNK_MAX, **plan)
+    return wide if N % wide.block_n == 0 else t
 
 
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
@@ -1586,12 +1606,13 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if M == 0:
         return y, s, mean, rstd
     if residual is None:
-        plan = dict(padded_long=True, padded_tile=center)   # PADDED_TILE_WARPS for LayerNorm's
-        t = _row_tiling(M, N, padded_floor=_padded_floor(x, center), **plan)
-        if center:   # LayerNorm's two sums (WHOLE_MAX_CHUNKS)
-            t = _few_whole_chunks(t, x, M, N, **plan)
-    else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX)
-        t = _row_tiling(M, N, block_max=RESIDUAL_ROW_BLOCK_MAX)
+        # PADDED_TILE_WARPS for LayerNorm's padded rows, RMS_PADDED_CHUNK_MIN for RMSNorm's.
+        plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
+        # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
+        t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
+    else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX); one sum
+        plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX)
+        t = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
@@ -2894,7 +2915,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     dx_stride = N if compute_dx else 0
     plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
                 padded_min=PADDED_SHORT_ROW_MIN)
-    t = _poly_long_tiling(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x)   # WHOLE_MAX_CHUNKS
+    t = _few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)   # WHOLE_MAX_CHUNKS
+    t = _poly_long_tiling(_wide_chunks(t, x, M, N, **plan), x)   # LONG_WIDE_CHUNK_MAX
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

@@ -360,6 +360,7 @@ def _first_launch(name, call, N, dtype):
     x = torch.empty(3, N, device="meta", dtype=dtype)
     w3, b1 = torch.empty(3, device="meta", dtype=dtype), torch.empty(1, device="meta", dtype=dtype)
     forward = {"rms": lambda: fn.rms_norm_forward(x, (N,), x[0]),
+               "fadd": lambda: fn.fused_add_rms_norm_forward(x, x, x[0]),
                "ln": lambda: fn.layer_norm_forward(x, (N,), x[0], x[0]),
                "poly": lambda: fn.poly_norm_forward(x, w3, b1)}[name]
     return _first_launches({call: forward})[call]
@@ -391,6 +392,28 @@ def test_whole_chunks(name, call, N, dtype, chunk):
             ("poly", "trainable", 18432): ALL_TRAIN}
     if dtype == torch.bfloat16 and (name, call, N) in runs:
         check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
+
+
+@pytest.mark.parametrize("name, call, N, dtype, chunk", [
+    ("rms", "forward", 65536, torch.bfloat16, 16384), ("fadd", "forward", 49152, torch.bfloat16, 16384),
+    ("poly", "all frozen", 65536, torch.bfloat16, 16384), ("poly", "trainable", 65536, torch.bfloat16, 16384),
+    ("poly", "trainable", 98304, torch.float16, 16384),
+    ("rms", "forward", 36864, torch.bfloat16, 4096),     # chunks of 16384 would leave a partial one
+    ("rms", "forward", 65536, torch.float32, 8192),      # fp32 rows keep LONG_CHUNK_MAX
+    ("ln", "forward", 65536, torch.bfloat16, 8192),      # and so do the forwards with several sums,
+    ("poly", "forward", 65536, torch.bfloat16, 8192),
+    ("rms", "frozen w", 65536, torch.bfloat16, 8192),    # and the row norms' backward
+    ("fadd", "frozen w", 65536, torch.bfloat16, 8192)])
+def test_wide_chunks(name, call, N, dtype, chunk):
+    """The forwards with one row sum (RMSNorm's, FusedAdd's) and PolyNorm's
+    backward take chunks of LONG_WIDE_CHUNK_MAX on 16-bit rows that they fit
+    whole; the others keep LONG_CHUNK_MAX. The first launch, on meta
+    tensors; two such plans run against float64."""
+    launch = _first_launch(name, call, N, dtype)
+    assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
+    runs = {("rms", "forward", 65536): ALL_FROZEN, ("poly", "trainable", 65536): ALL_TRAIN}
+    if (name, call, N) in runs and dtype == torch.bfloat16:
+        check_op(OPS[name], (2, N), dtype, runs[name, call, N][name], _with_grads(name))
 
 
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
