@@ -148,10 +148,11 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
 # the second time from L2. A chunk is a quarter of the row (rounded up to a
 # power of two), at most 8192 elements (but LONG_WIDE_CHUNK_MAX, below), at 8
-# elements per thread: 32 warps for 8192. Halves, eighths, a 4096 cap and 16 elements per thread each measured
-# slower somewhere from 12288 to 32768 (NOTES.md, section 6). Where half a chunk
-# pads the row less, the planner takes it: 20480 = 5 x 4096, not 3 x 8192 with
-# the last one half empty, which idles half the warps of every third step.
+# elements per thread: 32 warps for 8192. Halves, eighths, a 4096 cap and 16
+# elements per thread each measured slower somewhere from 12288 to 32768
+# (NOTES.md, section 6). Where half a chunk pads the row less, the planner
+# takes it: 20480 = 5 x 4096, not 3 x 8192 with the last one half empty,
+# which idles half the warps of every third step.
 # Rows that take this plan because they fill a tile poorly (PADDED_ROW_FILL)
 # halve again while that pads less, down to LONG_CHUNK_MIN (4 warps of 4
 # elements, 8-byte bf16 loads): LayerNorm's 4608 = 9 x 512, not 5 x 1024
@@ -178,9 +179,9 @@ WHOLE_MAX_CHUNKS = 9
 # many elements, 16 a thread at MAX_WARPS, on 16-bit rows that they fit whole
 # (a quarter of a row longer than 32768: 49152 = 3 x 16384, not 6 x 8192):
 # twice the bytes in flight per program where a program per row leaves one
-# or two per SM. Measured faster there, and slower in
-# LayerNorm's and PolyNorm's forwards, GroupNorm's and RMSNorm's backward
-# (NOTES.md, section 6).
+# or two per SM. Measured faster there, and slower in LayerNorm's and
+# PolyNorm's forwards, GroupNorm's forward and RMSNorm's backward (NOTES.md,
+# section 6).
 LONG_WIDE_CHUNK_MAX = 16384
 # A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
 # 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
@@ -1150,7 +1151,8 @@ def _long_row_norm_fwd_kernel(
     writes s and pass 2 reads it back (x and r are read once, evict_first).
     PRESUM: a group's size, LONG_PRESUM or 1 (a group is a lane: per-lane
     sums); see the constant. At most the elements a thread holds of a chunk
-    (LONG_ELEMENTS_PER_THREAD), so that a group adds up in registers.
+    (LONG_ELEMENTS_PER_THREAD, or more: LONG_WIDE_CHUNK_MAX), so that a group
+    adds up in registers.
     HW: 0 for the row norms. GroupNorm's rows (section 7) set it to the
     positions per channel: a row is one (sample, group), N = Cg * HW, and w
     and b are per channel (`_affine_index`), from the group's first channel,
