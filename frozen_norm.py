@@ -174,14 +174,15 @@ LONG_ELEMENTS_PER_THREAD = 8
 # backward (but at 18432), and in PolyNorm's fp32 forward at 9216 (NOTES.md,
 # section 6).
 WHOLE_MAX_CHUNKS = 9
-# The forwards with one row sum (RMSNorm's, and FusedAdd's past
-# RESIDUAL_ROW_BLOCK_MAX) and PolyNorm's backward take chunks of up to this
-# many elements, 16 a thread at MAX_WARPS, on 16-bit rows that they fit whole
-# (a quarter of a row longer than 32768: 49152 = 3 x 16384, not 6 x 8192):
-# twice the bytes in flight per program where a program per row leaves one
-# or two per SM. Measured faster there, and slower in LayerNorm's and
-# PolyNorm's forwards, GroupNorm's forward and RMSNorm's backward (NOTES.md,
-# section 6).
+# The long-row forwards with one row sum (RMSNorm's, and FusedAdd's past
+# RESIDUAL_ROW_BLOCK_MAX) and backwards with several (LayerNorm's, GroupNorm's
+# with w and b frozen, PolyNorm's) take chunks of up to this many elements,
+# 16 a thread at MAX_WARPS, on 16-bit rows that they fit whole (a quarter of
+# a row longer than 32768: 49152 = 3 x 16384, not 6 x 8192): twice the bytes
+# in flight per program where a program per row leaves one or two per SM.
+# Measured faster there, and slower or mixed in the others: the forwards with
+# several sums, the backwards with one (RMSNorm's; FusedAdd's, with ds) and
+# GroupNorm's per-channel sums (NOTES.md, section 6).
 LONG_WIDE_CHUNK_MAX = 16384
 # A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
 # 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
@@ -1685,10 +1686,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # they fit the row: RMSNorm's frozen per-lane rows' down to
     # LONG_BWD_SPILL_CHUNK_MIN (13312 = 13 x 1024), its padded rows' below
     # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few (WHOLE_MAX_CHUNKS).
+    # LayerNorm's two sums: wide chunks past 32768 (LONG_WIDE_CHUNK_MAX).
     if rms_frozen and may_spill:
         t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
     if ds is None:
         t = _few_whole_chunks(t, x, M, N, **plan)
+    if mean is not None:
+        t = _wide_chunks(t, x, M, N, **plan)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -2379,7 +2383,9 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
-        # frozen, per channel (A and D) with either trained.
+        # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with either trained.
+        if not (compute_dw or compute_db):
+            long_rows = _wide_chunks(long_rows, x, B * num_groups, C // num_groups * HW)
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
         L = meta["N"]
         _long_row_norm_bwd_kernel[(B * num_groups,)](

@@ -398,6 +398,7 @@ def test_whole_chunks(name, call, N, dtype, chunk):
     ("rms", "forward", 65536, torch.bfloat16, 16384), ("fadd", "forward", 49152, torch.bfloat16, 16384),
     ("poly", "all frozen", 65536, torch.bfloat16, 16384), ("poly", "trainable", 65536, torch.bfloat16, 16384),
     ("poly", "trainable", 98304, torch.float16, 16384),
+    ("ln", "all frozen", 65536, torch.bfloat16, 16384), ("ln", "trainable", 49152, torch.float16, 16384),
     ("rms", "forward", 36864, torch.bfloat16, 4096),     # chunks of 16384 would leave a partial one
     ("rms", "forward", 65536, torch.float32, 8192),      # fp32 rows keep LONG_CHUNK_MAX
     ("ln", "forward", 65536, torch.bfloat16, 8192),      # and so do the forwards with several sums,
@@ -405,15 +406,34 @@ def test_whole_chunks(name, call, N, dtype, chunk):
     ("rms", "frozen w", 65536, torch.bfloat16, 8192),    # and the row norms' backward
     ("fadd", "frozen w", 65536, torch.bfloat16, 8192)])
 def test_wide_chunks(name, call, N, dtype, chunk):
-    """The forwards with one row sum (RMSNorm's, FusedAdd's) and PolyNorm's
-    backward take chunks of LONG_WIDE_CHUNK_MAX on 16-bit rows that they fit
-    whole; the others keep LONG_CHUNK_MAX. The first launch, on meta
-    tensors; two such plans run against float64."""
+    """The long-row forwards with one row sum (RMSNorm's, FusedAdd's) and
+    backwards with several (LayerNorm's, PolyNorm's; GroupNorm's below) take
+    chunks of LONG_WIDE_CHUNK_MAX on 16-bit rows that they fit whole; the
+    others keep LONG_CHUNK_MAX. The first launch, on meta tensors; three
+    such plans run against float64."""
     launch = _first_launch(name, call, N, dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
-    runs = {("rms", "forward", 65536): ALL_FROZEN, ("poly", "trainable", 65536): ALL_TRAIN}
+    runs = {("rms", "forward", 65536): ALL_FROZEN, ("poly", "trainable", 65536): ALL_TRAIN,
+            ("ln", "all frozen", 65536): ALL_FROZEN}
     if (name, call, N) in runs and dtype == torch.bfloat16:
         check_op(OPS[name], (2, N), dtype, runs[name, call, N][name], _with_grads(name))
+
+
+@pytest.mark.parametrize("call, dtype, chunk", [("all frozen", torch.bfloat16, 16384),
+                                                ("trainable", torch.bfloat16, 8192),
+                                                ("all frozen", torch.float32, 8192)])
+def test_wide_chunks_group_norm(call, dtype, chunk):
+    """GroupNorm's backward on the long-row kernel takes chunks of
+    LONG_WIDE_CHUNK_MAX with w and b frozen (per-lane sums), not with them
+    trained (per-channel sums), on 16-bit rows (16 x 512 x 64 x 64 in 32
+    groups, rows of 65536, on meta tensors); then rows of 65536 (2 x 4 x 128
+    x 128, one group) against float64."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward("gn", (16, 512, 64, 64, 32), VARIANTS["gn"][call], dtype).launches[0]
+    assert launch.name.startswith("_long_row") and launch.constexprs["BLOCK_N"] == chunk, launch.name
+    if dtype == torch.bfloat16:
+        params = (ALL_FROZEN if call == "all frozen" else ALL_TRAIN)["gn"]
+        check_op(OPS["gn"], (2, 4, 128, 128), dtype, params, _with_grads("gn"), groups=1)
 
 
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
