@@ -403,7 +403,7 @@ def test_whole_chunks(name, call, N, dtype, chunk):
     ("rms", "forward", 65536, torch.float32, 8192),      # fp32 rows keep LONG_CHUNK_MAX
     ("ln", "forward", 65536, torch.bfloat16, 8192),      # and so do the forwards with several sums,
     ("poly", "forward", 65536, torch.bfloat16, 8192),
-    ("rms", "frozen w", 65536, torch.bfloat16, 8192),    # and the row norms' backward
+    ("rms", "frozen w", 65536, torch.bfloat16, 8192),    # and the backwards with one sum
     ("fadd", "frozen w", 65536, torch.bfloat16, 8192)])
 def test_wide_chunks(name, call, N, dtype, chunk):
     """The long-row forwards with one row sum (RMSNorm's, FusedAdd's) and
