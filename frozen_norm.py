@@ -609,9 +609,12 @@ def _few_whole_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) ->
 
 
 def _wide_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _RowTiling:
-    """The long-row plan `t`, or by the rule of LONG_WIDE_CHUNK_MAX, for x's
-    16-bit rows, the plan of chunks up to that length where they fit the row whole."""
-    if t.one_pass or x.element_size() != 2:
+    """The long-row plan `t`, or for x's 16-bit rows, by the rule of
+    LONG_WIDE_CHUNK_MAX, the plan of chunks up to that length where they fit
+    the row whole. A plan of chunks shorter than LONG_CHUNK_MAX is kept
+    without planning again: there the cap did not bind, or the row is no
+    multiple of LONG_CHUNK_MAX, which a wider plan would leave partial."""
+    if t.one_pass or x.element_size() != 2 or t.block_n < LONG_CHUNK_MAX:
         return t
     wide = _row_tiling(M, N, chunk_max=LONG_WIDE_CHUNK_MAX, **plan)
     return wide if N % wide.block_n == 0 else t

@@ -366,7 +366,9 @@ def _first_launch(name, call, N, dtype):
     return _first_launches({call: forward})[call]
 
 
-@pytest.mark.parametrize("name, call, N, dtype, chunk", [
+# (op, the first launch of: "forward" or a backward variant, N, dtype, its chunk)
+# WHOLE_MAX_CHUNKS: halving further where that leaves at most that many whole chunks.
+WHOLE_CHUNK_CASES = [
     ("poly", "forward", 4608, torch.bfloat16, 512), ("poly", "forward", 9216, torch.float16, 1024),   # 9 whole
     ("poly", "forward", 18432, torch.bfloat16, 2048), ("ln", "forward", 9216, torch.bfloat16, 1024),
     ("ln", "forward", 18432, torch.float16, 2048), ("ln", "all frozen", 9216, torch.bfloat16, 1024),
@@ -379,22 +381,10 @@ def _first_launch(name, call, N, dtype):
     ("rms", "forward", 9216, torch.bfloat16, 2048),      # RMSNorm's forward (one sum) keeps one halving
     ("fadd", "frozen w", 18432, torch.bfloat16, 4096),   # and so does FusedAdd's backward (ds)
     ("poly", "forward", 4608, torch.float32, 1024),      # and fp32 rows
-    ("ln", "forward", 9216, torch.float32, 2048), ("rms", "frozen w", 18432, torch.float32, 4096)])
-def test_whole_chunks(name, call, N, dtype, chunk):
-    """The long-row forwards of LayerNorm and PolyNorm and the long-row
-    backwards of RMSNorm, LayerNorm and PolyNorm, frozen or trained, on 16-bit
-    rows, halve their chunks further where that leaves at most
-    WHOLE_MAX_CHUNKS whole ones; else one halving (the last chunk partial).
-    The first launch, on meta tensors; three such plans run against float64."""
-    launch = _first_launch(name, call, N, dtype)
-    assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
-    runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
-            ("poly", "trainable", 18432): ALL_TRAIN}
-    if dtype == torch.bfloat16 and (name, call, N) in runs:
-        check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
-
-
-@pytest.mark.parametrize("name, call, N, dtype, chunk", [
+    ("ln", "forward", 9216, torch.float32, 2048), ("rms", "frozen w", 18432, torch.float32, 4096)]
+# LONG_WIDE_CHUNK_MAX: chunks of 16384 where they fit whole, in the forwards
+# with one row sum and the backwards with several (GroupNorm's: below).
+WIDE_CHUNK_CASES = [
     ("rms", "forward", 65536, torch.bfloat16, 16384), ("fadd", "forward", 49152, torch.bfloat16, 16384),
     ("poly", "all frozen", 65536, torch.bfloat16, 16384), ("poly", "trainable", 65536, torch.bfloat16, 16384),
     ("poly", "trainable", 98304, torch.float16, 16384),
@@ -404,19 +394,27 @@ def test_whole_chunks(name, call, N, dtype, chunk):
     ("ln", "forward", 65536, torch.bfloat16, 8192),      # and so do the forwards with several sums,
     ("poly", "forward", 65536, torch.bfloat16, 8192),
     ("rms", "frozen w", 65536, torch.bfloat16, 8192),    # and the backwards with one sum
-    ("fadd", "frozen w", 65536, torch.bfloat16, 8192)])
-def test_wide_chunks(name, call, N, dtype, chunk):
-    """The long-row forwards with one row sum (RMSNorm's, FusedAdd's) and
-    backwards with several (LayerNorm's, PolyNorm's; GroupNorm's below) take
-    chunks of LONG_WIDE_CHUNK_MAX on 16-bit rows that they fit whole; the
-    others keep LONG_CHUNK_MAX. The first launch, on meta tensors; three
-    such plans run against float64."""
+    ("fadd", "frozen w", 65536, torch.bfloat16, 8192)]
+
+
+@pytest.mark.parametrize("name, call, N, dtype, chunk", WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES)
+def test_chunk_rules(name, call, N, dtype, chunk):
+    """The long-row plans' chunk rules on 16-bit rows. WHOLE_MAX_CHUNKS: the
+    forwards of LayerNorm and PolyNorm and the backwards of RMSNorm,
+    LayerNorm and PolyNorm, frozen or trained, halve their chunks further
+    where that leaves at most that many whole ones; else one halving (the
+    last chunk partial). LONG_WIDE_CHUNK_MAX: the forwards with one row sum
+    (RMSNorm's, FusedAdd's) and the backwards with several (LayerNorm's,
+    PolyNorm's) take chunks of that length where they fit the row whole; the
+    others keep LONG_CHUNK_MAX. fp32 rows keep their plans. The first
+    launch, on meta tensors; six such plans run against float64."""
     launch = _first_launch(name, call, N, dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
-    runs = {("rms", "forward", 65536): ALL_FROZEN, ("poly", "trainable", 65536): ALL_TRAIN,
-            ("ln", "all frozen", 65536): ALL_FROZEN}
-    if (name, call, N) in runs and dtype == torch.bfloat16:
-        check_op(OPS[name], (2, N), dtype, runs[name, call, N][name], _with_grads(name))
+    runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
+            ("poly", "trainable", 18432): ALL_TRAIN, ("rms", "forward", 65536): ALL_FROZEN,
+            ("poly", "trainable", 65536): ALL_TRAIN, ("ln", "all frozen", 65536): ALL_FROZEN}
+    if dtype == torch.bfloat16 and (name, call, N) in runs:
+        check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
 
 
 @pytest.mark.parametrize("call, dtype, chunk", [("all frozen", torch.bfloat16, 16384),
