@@ -48,14 +48,13 @@ def _fold_reduce(op, inputs):
     in another order, as the GPU's shuffle tree's do. What the kernels do not
     ask for (no axis, keep_dims, a length that is not a power of two) goes to
     the interpreter's own."""
-    length = inputs[0].handle.data.shape[op.axis] if op.axis is not None else 0
-    if op.keep_dims or length == 0 or length & (length - 1):
+    length = None if op.axis is None else inputs[0].handle.data.shape[op.axis]
+    if length is None or op.keep_dims or length & (length - 1):
         return _INTERPRETER_REDUCE(op, inputs)
     arrays, dtypes = [t.handle.data for t in inputs], [t.dtype for t in inputs]
     while arrays[0].shape[op.axis] > 1:
-        halves = [np.split(a, 2, axis=op.axis) for a in arrays]
-        out = op.combine_fn.fn(*(op.to_tensor(h[0], d) for h, d in zip(halves, dtypes)),
-                               *(op.to_tensor(h[1], d) for h, d in zip(halves, dtypes)))
+        halves = [[op.to_tensor(h, d) for h in np.split(a, 2, axis=op.axis)] for a, d in zip(arrays, dtypes)]
+        out = op.combine_fn.fn(*(lo for lo, _ in halves), *(hi for _, hi in halves))
         arrays = [t.handle.data for t in (out if isinstance(out, tuple) else (out,))]
     return [op.to_tensor(np.squeeze(a, axis=op.axis), d) for a, d in zip(arrays, dtypes)]
 
