@@ -383,6 +383,27 @@ SMEM_RESERVE = 8192
 DW_BLOCK_M, DW_BLOCK_N = 128, 64
 DW_WARPS = 8
 DW_PROGRAMS_PER_SM = 1
+# While a CUDA graph is captured (DW_BESIDE_GRAPH), the dw/db kernel of long
+# rows runs beside the dx kernel, on a second stream (`_run_beside`), both
+# walking the rows first to last, so that much of what one reads from DRAM
+# the other finds in L2: about DW_BESIDE_PROGRAMS_PER_SM programs per SM (the
+# other SMs run the dx kernel), each owning a slab of columns as wide as a
+# power of two, in tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps
+# per accumulator (dw, db: 32 fp32 accumulator registers a thread in all, one
+# accumulator on 16 warps or two on 32; LayerNorm's two on 16 spill) under
+# DW_BESIDE_MAX_REGISTERS, which with 32 warps keeps one program on an SM.
+# Replayed, the two kernels start together. An eager call launches the second
+# one launch (tens of µs) after the first: where the GPU is idle, it then
+# reads from DRAM what the first left in L2 before it came, and measured
+# slower than one after the other, so eager calls do not (DW_BESIDE_EAGER,
+# for tests and measurements). Each way is deterministic; the two sum dw and
+# db in different orders (NOTES.md, section 6).
+DW_BESIDE_GRAPH = True
+DW_BESIDE_EAGER = False
+DW_BESIDE_PROGRAMS_PER_SM = 0.5
+DW_BESIDE_TILE = 16384
+DW_BESIDE_WARPS = 16
+DW_BESIDE_MAX_REGISTERS = 64
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
 INTERPRETER_SMS = 3
@@ -979,6 +1000,8 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # (each program owns a block of columns and walks the rows), at the price of
 # reading x and dy a second time from DRAM. Where its programs walk all the
 # rows (one row slice), their sums are dw itself: no scratch, no reduction launch.
+# While a CUDA graph is captured it runs beside the dx kernel, on half the SMs
+# and a second stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -1539,7 +1562,7 @@ def _row_norm_dwdb_kernel(
     DY, X, Mean, Rstd, DWp, DBp,     # DY, X: (M, N); Mean, Rstd: (M,) fp32; DWp, DBp: (S, N) fp32
     M, N, stride_dy, stride_x, rows_per_split,
     CENTER: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, LAST_FIRST: tl.constexpr,
 ):
     """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows, for long rows.
 
@@ -1550,13 +1573,16 @@ def _row_norm_dwdb_kernel(
 
     Grid: (cdiv(N, BLOCK_N), S); program (j, s) sums rows [s * rows_per_split,
     (s + 1) * rows_per_split) of column block j into row s of DWp and DBp,
-    BLOCK_M rows at a time from the last block to the first.
+    BLOCK_M rows at a time, from the last block to the first (LAST_FIRST:
+    launched after the dx kernel, which ended on the last rows, whose x and dy
+    may still be in L2) or from the first to the last (launched beside it,
+    `_run_beside`: both read the same rows at about the same time).
     Pointers: DY, X (M, N) with unit column stride; Mean, Rstd (M,) fp32;
     DWp, DBp contiguous (S, N) fp32, or with S = 1 dw and db themselves
     (`_sum_targets`), written in their dtype. Any float dtypes for DY and X.
     Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store;
     CENTER False removes the mean (RMSNorm). STAGES is the software pipeline's
-    depth over the row blocks.
+    depth over the row blocks. LAST_FIRST: the order of the rows (above).
     """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
@@ -1566,9 +1592,10 @@ def _row_norm_dwdb_kernel(
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for i in tl.range(0, blocks, num_stages=STAGES):
-        # Last block first: the dx kernel launched just before ended on the
-        # last rows, whose x and dy may still be in L2.
-        rows = row_start + (blocks - 1 - i) * BLOCK_M + tl.arange(0, BLOCK_M)
+        block = i
+        if LAST_FIRST:
+            block = blocks - 1 - i
+        rows = row_start + block * BLOCK_M + tl.arange(0, BLOCK_M)
         rstd = tl.load(Rstd + rows, mask=rows < row_end, other=0.0)
         dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
@@ -1660,7 +1687,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1;
     with S = 1 (P = 1 for the tile kernel) the kernel writes dw and db
     themselves, with no buffer and no reduction launch (`_sum_targets`): on an
-    H200 that is every row longer than 8384.
+    H200 that is every row longer than 8384. While a CUDA graph is captured,
+    with dx asked too, the dw/db kernel runs beside the dx kernel in one slice
+    (`_run_beside`, DW_BESIDE_GRAPH).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M = rstd.shape[0]
@@ -1724,7 +1753,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
-        # sums dw/db by columns.
+        # sums dw/db by columns: after it, or beside it while a CUDA graph is
+        # captured (`_dwdb_beside`).
+        beside = compute_dx and trains and _dwdb_beside(x.device)
+        launch_dx = None
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
@@ -1733,41 +1765,92 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                               and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
             high_cap = ((whole_per_lane or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
-            _long_row_norm_bwd_kernel[(M,)](
+            launch_dx = functools.partial(
+                _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
                 num_warps=t.num_warps,
                 maxnreg=LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
-        if trains:
-            dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
+        if beside:
+            _run_beside(x.device, launch_dx, functools.partial(
+                _row_norm_dwdb, dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside=True))
+        else:
+            if launch_dx is not None:
+                launch_dx()
+            if trains:
+                dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
 
-def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db):
+def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside=False):
     """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
     partials, or dw and db themselves, filled, when S = 1.
 
-    S row slices, enough that (S x column blocks) fills DW_PROGRAMS_PER_SM
-    programs per SM, each slice a whole number of DW_BLOCK_M row steps: one
-    slice where the column blocks alone fill them (N > 8384 on an H200) or M
-    is at most DW_BLOCK_M.
+    After the dx kernel: S row slices, enough that (S x column blocks) fills
+    DW_PROGRAMS_PER_SM programs per SM, each slice a whole number of
+    DW_BLOCK_M row steps: one slice where the column blocks alone fill them
+    (N > 8384 on an H200) or M is at most DW_BLOCK_M. Beside it: one slice,
+    in about DW_BESIDE_PROGRAMS_PER_SM programs per SM (see DW_BESIDE_GRAPH).
     """
     compute_dw, compute_db = dw is not None, db is not None
-    col_blocks = _cdiv(N, DW_BLOCK_N)
-    splits = max(1, min(_cdiv(M, DW_BLOCK_M), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device), col_blocks)))
-    rows_per_split = _cdiv(_cdiv(M, splits), DW_BLOCK_M) * DW_BLOCK_M
+    block_m, block_n, warps, max_registers = DW_BLOCK_M, DW_BLOCK_N, DW_WARPS, None
+    if beside:
+        slabs = max(1, round(DW_BESIDE_PROGRAMS_PER_SM * _num_sms(x.device)))
+        block_n = min(DW_BESIDE_TILE, max(DW_BLOCK_N, _pow2(_cdiv(N, slabs))))
+        block_m, max_registers = DW_BESIDE_TILE // block_n, DW_BESIDE_MAX_REGISTERS
+        warps = DW_BESIDE_WARPS * (compute_dw + compute_db)
+    col_blocks = _cdiv(N, block_n)
+    splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device),
+                                                                    col_blocks)))
+    rows_per_split = _cdiv(_cdiv(M, splits), block_m) * block_m
     splits = _cdiv(M, rows_per_split)
     dw_partial, db_partial = _sum_targets(splits, dw, db)
-    tile_bytes = DW_BLOCK_M * DW_BLOCK_N * _element_bytes(dy, x if compute_dw else None)
+    tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw else None)
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, stride_dy, stride_x, rows_per_split,
-        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=DW_BLOCK_M,
-        BLOCK_N=DW_BLOCK_N, STAGES=_pipeline_stages(tile_bytes, DW_PROGRAMS_PER_SM, x.device),
-        num_warps=DW_WARPS)
+        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
+        BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, DW_PROGRAMS_PER_SM, x.device),
+        LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers)
     return dw_partial, db_partial
+
+
+def _dwdb_beside(device: torch.device) -> bool:
+    """Whether the long-row dw/db kernel runs beside the dx kernel
+    (`_run_beside`): while a CUDA graph is captured, whose replay starts the
+    two together (DW_BESIDE_GRAPH), and in every call with DW_BESIDE_EAGER."""
+    if DW_BESIDE_EAGER:
+        return True
+    return DW_BESIDE_GRAPH and device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device_index: int) -> "torch.cuda.Stream":
+    """The second stream of `_run_beside`, one per device, at the highest
+    priority: as the dx kernel's programs end, the GPU starts the dw/db
+    kernel's in their place first."""
+    return torch.cuda.Stream(device_index, priority=torch.cuda.Stream.priority_range()[1])
+
+
+def _run_beside(device: torch.device, first, second) -> None:
+    """Runs the launches first() on the current stream and second() beside
+    them on `_side_stream`: both after what the current stream has queued, and
+    before what it queues next, which waits for both. So the allocator cannot
+    hand the memory of a tensor second() uses to a later launch before it is
+    done. In Triton's interpreter (no streams), one after the other."""
+    if device.type != "cuda":
+        first()
+        second()
+        return
+    current = torch.cuda.current_stream(device)
+    side = _side_stream(_device_index(device))
+    side.wait_stream(current)
+    first()
+    with torch.cuda.stream(side):
+        second()
+    current.wait_stream(side)
 
 
 def rms_norm_forward(x, normalized_shape, weight=None, eps=1e-6, offset=0.0):

@@ -1250,6 +1250,47 @@ def test_long_row_dw_slices(name, block_m, monkeypatch):
     check_op(OPS[name], (37, 100), torch.bfloat16, ALL_TRAIN[name], {"x": False})
 
 
+def _beside_patterns():
+    """The freeze patterns in which the long-row dw/db kernel can run beside the
+    dx kernel: dx and at least one parameter's gradient asked for."""
+    for name in ["rms", "fadd", "ln"]:
+        for params, inputs in freeze_patterns(OPS[name]):
+            if TRAIN in params.values() and inputs["x"]:
+                yield pytest.param(name, params, inputs, id=f"{name}-{pattern_id(params, inputs)}")
+
+
+@pytest.mark.parametrize("name, params, inputs", list(_beside_patterns()))
+def test_long_row_dw_beside(name, params, inputs, monkeypatch):
+    """The dw/db kernel beside the dx kernel (`_run_beside`, here in every call:
+    DW_BESIDE_EAGER), on 37 rows of 100 (3 interpreter SMs): one launch after
+    the dx kernel's, first row first, in slabs of 64 columns (2 programs for
+    half the SMs), 16 warps per accumulator, storing dw and db themselves (no
+    scratch); without it, the dw/db kernel walks the rows last first. Against
+    float64 in fp32, and the same bits twice in bf16."""
+    from bench_frozen_norm import _grad_bytes, record_backward
+    _long_rows_from(64, monkeypatch)
+    want = {"dx": True, "dw": params["weight"] == TRAIN}
+    if name == "ln":
+        want["db"] = params["bias"] == TRAIN
+    for beside in [False, True]:
+        monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
+        rec = record_backward(name, (37, 100), want, torch.float32, fn.INTERPRETER_SMS)
+        dwdb = rec.launches[-1]
+        assert [lc.name for lc in rec.launches] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
+        assert dwdb.constexprs["LAST_FIRST"] is not beside
+        if beside:
+            assert dwdb.grid == (2, 1) and dwdb.constexprs["BLOCK_N"] == 64, dwdb
+            assert dwdb.num_warps == fn.DW_BESIDE_WARPS * (want["dw"] + want.get("db", False))
+            assert dwdb.maxnreg == fn.DW_BESIDE_MAX_REGISTERS
+            assert rec.allocated_bytes == _grad_bytes(name, (37, 100), want, 4), rec.allocations
+    check_op(OPS[name], (37, 100), torch.float32, params, inputs)
+    op = OPS[name]
+    torch.manual_seed(1)
+    d = prepare(op, (37, 100), torch.bfloat16, params, inputs)
+    first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_backward_grid(name):
     """1031 rows of 33: 33 tiles of 32 rows (LOOP_TILE_ELEMENTS = 2048, of 64
@@ -1713,9 +1754,11 @@ GRAPH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384),
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 def test_cuda_graph_capture(name, mode):
     """Forward and backward captured in one CUDA graph, then replayed on new
-    values: the bits of a plain call. Capture fails on a host synchronization
-    or a launch outside the capturing stream, and replay would go wrong if a
-    call kept host-side state from the captured call."""
+    values: the bits of a plain call that, as captures do, runs the long-row
+    dw/db kernel beside the dx kernel (DW_BESIDE_EAGER). Capture fails on a
+    host synchronization or a launch outside the capturing stream (the side
+    stream joins and leaves the capture through events), and replay would go
+    wrong if a call kept host-side state from the captured call."""
     from bench_frozen_norm import capture_graph
     op = OPS[name]
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
@@ -1735,7 +1778,9 @@ def test_cuda_graph_capture(name, mode):
             for t in [d[k] for k in op.params + input_names(op) if d[k] is not None] + dys:
                 t.copy_(torch.randn_like(t, dtype=torch.float32) + 0.5)
         graph.replay()
-        plain = step()
+        with pytest.MonkeyPatch.context() as m:   # as in the graph: dw/db of long rows beside dx
+            m.setattr(fn, "DW_BESIDE_EAGER", True)
+            plain = step()
         assert len(captured) == len(plain) == len(outs) + len(leaves)
         for got, want in zip(captured, plain):
             assert torch.equal(got, want)
