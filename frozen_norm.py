@@ -387,8 +387,10 @@ DW_PROGRAMS_PER_SM = 1
 # rows runs beside the dx kernel, on a second stream (`_run_beside`), both
 # walking the rows first to last, so that much of what one reads from DRAM
 # the other finds in L2: about DW_BESIDE_PROGRAMS_PER_SM programs per SM (the
-# other SMs run the dx kernel), each owning a slab of columns as wide as a
-# power of two, in tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps
+# other SMs run the dx kernel; RMSNorm's, the lightest, leaves more to
+# DW_BESIDE_RMS_PROGRAMS_PER_SM: at 20480 its dw/db 40 programs measured
+# fastest, FusedAdd's and LayerNorm's 80), each owning a slab of columns as
+# wide as a power of two (the smallest one that gives at most that many), in tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps
 # per accumulator (dw, db: 32 fp32 accumulator registers a thread in all, one
 # accumulator on 16 warps or two on 32; LayerNorm's two on 16 spill) under
 # DW_BESIDE_MAX_REGISTERS, which with 32 warps keeps one program on an SM.
@@ -400,7 +402,8 @@ DW_PROGRAMS_PER_SM = 1
 # db in different orders (NOTES.md, section 6).
 DW_BESIDE_GRAPH = True
 DW_BESIDE_EAGER = False
-DW_BESIDE_PROGRAMS_PER_SM = 0.5
+DW_BESIDE_PROGRAMS_PER_SM = 0.62
+DW_BESIDE_RMS_PROGRAMS_PER_SM = 0.5
 DW_BESIDE_TILE = 16384
 DW_BESIDE_WARPS = 16
 DW_BESIDE_MAX_REGISTERS = 64
@@ -1000,7 +1003,7 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # (each program owns a block of columns and walks the rows), at the price of
 # reading x and dy a second time from DRAM. Where its programs walk all the
 # rows (one row slice), their sums are dw itself: no scratch, no reduction launch.
-# While a CUDA graph is captured it runs beside the dx kernel, on half the SMs
+# While a CUDA graph is captured it runs beside the dx kernel, on part of the SMs
 # and a second stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
 #
 # A persistent program walks its tiles one after another, and each tile ends in
@@ -1772,8 +1775,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 num_warps=t.num_warps,
                 maxnreg=LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
         if beside:
+            share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
             _run_beside(x.device, launch_dx, functools.partial(
-                _row_norm_dwdb, dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside=True))
+                _row_norm_dwdb, dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_share=share))
         else:
             if launch_dx is not None:
                 launch_dx()
@@ -1783,7 +1787,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     return dx, dw, db
 
 
-def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside=False):
+def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_share=None):
     """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
     partials, or dw and db themselves, filled, when S = 1.
@@ -1791,13 +1795,15 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside=
     After the dx kernel: S row slices, enough that (S x column blocks) fills
     DW_PROGRAMS_PER_SM programs per SM, each slice a whole number of
     DW_BLOCK_M row steps: one slice where the column blocks alone fill them
-    (N > 8384 on an H200) or M is at most DW_BLOCK_M. Beside it: one slice,
-    in about DW_BESIDE_PROGRAMS_PER_SM programs per SM (see DW_BESIDE_GRAPH).
+    (N > 8384 on an H200) or M is at most DW_BLOCK_M. Beside it (a
+    `beside_share`): one slice, in about that many programs per SM (see
+    DW_BESIDE_GRAPH).
     """
     compute_dw, compute_db = dw is not None, db is not None
     block_m, block_n, warps, max_registers = DW_BLOCK_M, DW_BLOCK_N, DW_WARPS, None
+    beside = beside_share is not None
     if beside:
-        slabs = max(1, round(DW_BESIDE_PROGRAMS_PER_SM * _num_sms(x.device)))
+        slabs = max(1, round(beside_share * _num_sms(x.device)))
         block_n = min(DW_BESIDE_TILE, max(DW_BLOCK_N, _pow2(_cdiv(N, slabs))))
         block_m, max_registers = DW_BESIDE_TILE // block_n, DW_BESIDE_MAX_REGISTERS
         warps = DW_BESIDE_WARPS * (compute_dw + compute_db)
