@@ -1741,10 +1741,41 @@ def test_torch_compile_model():
             assert rel_error(b, a) < 5e-3
 
 
+@gpu
+def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
+    """LayerNorm with w and b trained on fp32 rows of 8200 (the long-row
+    kernels), compiled with CUDA graphs (mode="reduce-overhead"): its recorded
+    graph runs the dw/db kernel beside the dx kernel on the side stream, and
+    gives the bits of an eager call that does the same (DW_BESIDE_EAGER), not
+    those of one that runs it after (another order of the sums: fp32 dw)."""
+    torch.manual_seed(0)
+    norm = fn.LayerNorm(8200).cuda()
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.1)
+        norm.bias.normal_(0.0, 0.1)
+    x = torch.randn(300, 8200, device="cuda", requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def grads(f):
+        norm.zero_grad()
+        x.grad = None
+        f(x).backward(dy)
+        return [x.grad.clone(), norm.weight.grad.clone(), norm.bias.grad.clone()]
+    torch._dynamo.reset()
+    compiled = torch.compile(norm, mode="reduce-overhead")
+    for _ in range(3):   # reduce-overhead records its CUDA graph on a later call
+        replayed = grads(compiled)
+    after = grads(norm)
+    assert torch.equal(replayed[0], after[0]) and not torch.equal(replayed[1], after[1])
+    monkeypatch.setattr(fn, "DW_BESIDE_EAGER", True)
+    for got, want in zip(replayed, grads(norm)):
+        assert torch.equal(got, want)
+
+
 # Shapes for CUDA-graph capture: short rows (the tile kernels), long rows
-# (the long-row kernels; at 8200 the dw/db kernel runs in two row slices on
-# an H200, at 16384 in one), GroupNorm with 256 rows and with 4 rows split
-# over programs (the two-launch path).
+# (the long-row kernels; at 8200 and 16384 the dw/db kernel runs in one row
+# slice beside the dx kernel, as in every capture), GroupNorm with 256 rows
+# and with 4 rows split over programs (the two-launch path).
 GRAPH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384), None)],
                 "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
