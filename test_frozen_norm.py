@@ -1773,9 +1773,10 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
 
 
 # Shapes for CUDA-graph capture: short rows (the tile kernels), long rows
-# (the long-row kernels; at 8200 and 16384 the dw/db kernel runs in one row
-# slice beside the dx kernel, as in every capture), GroupNorm with 256 rows
-# and with 4 rows split over programs (the two-launch path).
+# (the long-row kernels, or RELOAD's tiles; where the dw/db kernel runs, as
+# for LayerNorm's trained rows, a capture runs it beside the dx kernel, in one
+# row slice), GroupNorm with 256 rows and with 4 rows split over programs (the
+# two-launch path).
 GRAPH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384), None)],
                 "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
