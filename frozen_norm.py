@@ -31,6 +31,9 @@ What you will learn by reading it
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
   compile-time constant, as torch.compile's generated kernels do.
+* Two kernels side by side on two CUDA streams, so that one finds in L2 what
+  the other read (the dw/db kernel of long rows beside their dx kernel), and
+  why that pays only where they start together: in a CUDA graph.
 * How torch.compile can take such a module into one graph: each host-side
   launcher registered as a torch custom op, with a fake (section 9).
 * How to compile a kernel for an NVIDIA GPU on a machine without one and look
