@@ -17,8 +17,8 @@ hundred MiB those times measure the host (Python, autograd, launches) as much
 as the GPU. Two views leave the host out: the "graph ms" column replays
 forward + backward from a CUDA graph (as a training loop captured in CUDA
 graphs runs them: kernels and the gaps between them, no Python), and
---kernel-time adds the sum of the CUDA kernel durations of a call
-(torch.profiler, CUPTI).
+--kernel-time adds the time CUDA kernels ran during a call (torch.profiler,
+CUPTI; kernels that overlap on two streams counted once).
 
 Without a GPU it checks every op through Triton's CPU interpreter (in a child
 process), prints the scratch memory freezing saves at the benchmark's sizes,
@@ -747,7 +747,7 @@ def print_kernel_table(rows, dtype_name, copy_GBps):
     timed = [r for r in rows if r.fwd_kernel_us == r.fwd_kernel_us]
     if not timed:
         return
-    print(f"\nKernel time per call ({dtype_name}): the CUDA kernel durations of one call (CUPTI), host left out; "
+    print(f"\nKernel time per call ({dtype_name}): the time CUDA kernels ran in one call (CUPTI), host left out; "
           f"%copy of the {copy_GBps:.0f} GB/s copy")
     print(f"{'op':5} {'size':18} {'provider':8} {'params':7} {'fwd us':>8} {'%copy':>6} {'bwd us':>8} {'%copy':>6}")
     for r in timed:

@@ -393,9 +393,10 @@ DW_PROGRAMS_PER_SM = 1
 # other SMs run the dx kernel; RMSNorm's, the lightest, leaves more to
 # DW_BESIDE_RMS_PROGRAMS_PER_SM: at 20480 its dw/db 40 programs measured
 # fastest, FusedAdd's and LayerNorm's 80), each owning a slab of columns as
-# wide as a power of two (the smallest one that gives at most that many), in tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps
-# per accumulator (dw, db: 32 fp32 accumulator registers a thread in all, one
-# accumulator on 16 warps or two on 32; LayerNorm's two on 16 spill) under
+# wide as a power of two (the smallest one that gives at most that many), in
+# tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps per accumulator
+# (dw, db: 32 fp32 accumulator registers a thread in all, one accumulator on
+# 16 warps or two on 32; LayerNorm's two on 16 spill) under
 # DW_BESIDE_MAX_REGISTERS, which with 32 warps keeps one program on an SM.
 # Replayed, the two kernels start together. An eager call launches the second
 # one launch (tens of µs) after the first: where the GPU is idle, it then
@@ -1762,7 +1763,6 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # sums dw/db by columns: after it, or beside it while a CUDA graph is
         # captured (`_dwdb_beside`).
         beside = compute_dx and trains and _dwdb_beside(x.device)
-        launch_dx = None
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
@@ -1782,7 +1782,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             _run_beside(x.device, launch_dx, functools.partial(
                 _row_norm_dwdb, dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_share=share))
         else:
-            if launch_dx is not None:
+            if compute_dx:
                 launch_dx()
             if trains:
                 dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
