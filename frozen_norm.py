@@ -767,12 +767,26 @@ def _launcher(f):
     """Marks f as a launcher: the host code of a forward or a backward, which
     allocates the outputs, plans the grid and launches the kernels. A call
     runs f, except while torch.compile traces the caller: then it is f's
-    custom op, one opaque node of the compiled graph (section 9)."""
+    custom op, one opaque node of the compiled graph (section 9).
+
+    f runs with its first argument's GPU as the current device. Triton
+    launches on the current device's current stream, whatever device the
+    tensors are on; a model spread over GPUs (`device_map="auto"`) calls a
+    norm on cuda:1 while cuda:0 is current, and the kernel would run on the
+    wrong GPU, unordered with the stream that made its input."""
     @functools.wraps(f)
+    def on_its_device(*args, **kwargs):
+        device = args[0].device
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):
+                return f(*args, **kwargs)
+        return f(*args, **kwargs)
+
+    @functools.wraps(on_its_device)
     def launch(*args, **kwargs):
         if torch.compiler.is_compiling():
             return _CUSTOM_OPS[f.__name__](*args, **kwargs)
-        return f(*args, **kwargs)
+        return on_its_device(*args, **kwargs)
     return launch
 
 

@@ -1818,6 +1818,65 @@ def test_cuda_graph_capture(name, mode):
             assert torch.equal(got, want)
 
 
+def _forward_backward(op, d):
+    """The op's outputs and the gradients of its leaves, for one set of inputs."""
+    leaves = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
+    outs = as_tuple(op.run(d))
+    dys = [torch.ones_like(o) + 0.25 * o.detach() for o in outs]   # fixed, so two runs compare bitwise
+    return list(outs) + list(torch.autograd.grad(outs, leaves, dys))
+
+
+# One shape per path: the tile kernels, the long-row kernels with the dw/db
+# kernel, GroupNorm's programs split by channels.
+DEVICE_SHAPES = {"row": [((300, 1000), None), ((40, 8200), None)], "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
+
+
+@gpu
+@pytest.mark.parametrize("name", list(OPS))
+def test_launches_on_the_tensors_device(name, monkeypatch):
+    """A launcher makes its tensors' GPU the current device when another one
+    is (`_launcher`; a model spread over GPUs). With one GPU, that is feigned:
+    torch.cuda.current_device answers another index (Triton's launcher bound
+    the real one when it started), and every forward and backward must enter
+    torch.cuda.device(x.device) and give the bits of a plain call."""
+    op = OPS[name]
+    for shape, groups in DEVICE_SHAPES["gn" if name == "gn" else "row"]:
+        d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
+        plain = _forward_backward(op, d)
+        entered, real_device = [], torch.cuda.device
+
+        class recorded_device(real_device):
+            def __init__(self, device):
+                entered.append(torch.device(device))
+                super().__init__(device)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(torch.cuda, "current_device", lambda: d["x"].device.index + 1)
+            m.setattr(torch.cuda, "device", recorded_device)
+            moved = _forward_backward(op, d)
+        assert entered and all(e == d["x"].device for e in entered)   # one per launcher call
+        for got, want in zip(moved, plain):
+            assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("name", list(OPS))
+def test_tensors_on_another_gpu(name):
+    """Tensors on cuda:1 while cuda:0 is current: the results of the same call
+    with cuda:1 current, bit for bit, and cuda:0 still current afterwards."""
+    op = OPS[name]
+    for shape, groups in DEVICE_SHAPES["gn" if name == "gn" else "row"]:
+        d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
+        d = {k: (v.detach().to("cuda:1").requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v)
+             for k, v in d.items()}
+        with torch.cuda.device(1):
+            want = _forward_backward(op, d)
+        with torch.cuda.device(0):
+            got = _forward_backward(op, d)
+            assert torch.cuda.current_device() == 0
+        for g, w in zip(got, want):
+            assert g.device == torch.device("cuda:1") and torch.equal(g, w)
+
+
 @gpu
 @pytest.mark.parametrize("name", ["rms", "ln", "fadd", "poly"])
 def test_huge_hidden_size(name):
