@@ -386,6 +386,17 @@ SMEM_RESERVE = 8192
 DW_BLOCK_M, DW_BLOCK_N = 128, 64
 DW_WARPS = 8
 DW_PROGRAMS_PER_SM = 1
+# Those tiles were chosen on 2048 rows and more. Fewer rows than
+# DW_FEW_ROW_STEPS steps of DW_BLOCK_M leave each program a loop too short to
+# fill its pipeline, and its closing sum over the tile's rows weighs more:
+# their tiles are made flatter (half the rows, twice the columns, down to
+# DW_MIN_BLOCK_M rows) until a program takes DW_FLAT_ROW_STEPS steps, while
+# the column blocks still fill DW_PROGRAMS_PER_SM programs per SM. Measured on
+# 256 to 1024 rows; with 2048 rows, flatter tiles were slower for LayerNorm
+# (NOTES.md, section 6).
+DW_FEW_ROW_STEPS = 16
+DW_FLAT_ROW_STEPS = 32
+DW_MIN_BLOCK_M = 8
 # While a CUDA graph is captured (DW_BESIDE_GRAPH), the dw/db kernel of long
 # rows runs beside the dx kernel, on a second stream (`_run_beside`), both
 # walking the rows first to last, so that much of what one reads from DRAM
@@ -1809,10 +1820,11 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
     partials, or dw and db themselves, filled, when S = 1.
 
-    After the dx kernel: S row slices, enough that (S x column blocks) fills
-    DW_PROGRAMS_PER_SM programs per SM, each slice a whole number of
-    DW_BLOCK_M row steps: one slice where the column blocks alone fill them
-    (N > 8384 on an H200) or M is at most DW_BLOCK_M. Beside it (a
+    After the dx kernel: tiles of DW_BLOCK_M x DW_BLOCK_N, flatter for few
+    rows (DW_FEW_ROW_STEPS), and S row slices, enough that (S x column
+    blocks) fills DW_PROGRAMS_PER_SM programs per SM, each slice a whole
+    number of row steps: one slice where the column blocks alone fill them
+    (N > 8384 on an H200) or M is at most one step. Beside it (a
     `beside_share`): one slice, in about that many programs per SM (see
     DW_BESIDE_GRAPH).
     """
@@ -1824,6 +1836,10 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         block_n = min(DW_BESIDE_TILE, max(DW_BLOCK_N, _pow2(_cdiv(N, slabs))))
         block_m, max_registers = DW_BESIDE_TILE // block_n, DW_BESIDE_MAX_REGISTERS
         warps = DW_BESIDE_WARPS * (compute_dw + compute_db)
+    elif _cdiv(M, block_m) < DW_FEW_ROW_STEPS:   # few rows: flatter tiles (see the constants)
+        while (block_m > DW_MIN_BLOCK_M and _cdiv(M, block_m) < DW_FLAT_ROW_STEPS
+               and _cdiv(N, 2 * block_n) >= DW_PROGRAMS_PER_SM * _num_sms(x.device)):
+            block_m, block_n = block_m // 2, block_n * 2
     col_blocks = _cdiv(N, block_n)
     splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device),
                                                                     col_blocks)))

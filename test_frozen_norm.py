@@ -1292,6 +1292,28 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+def test_dwdb_few_rows_flatter_tiles(name):
+    """The dw/db kernel after the dx kernel takes flatter tiles on fewer rows
+    than DW_FEW_ROW_STEPS steps of DW_BLOCK_M, until DW_FLAT_ROW_STEPS steps
+    (on an H200's 132 SMs: 256 rows in 8 x 1024 tiles, 512 in 16 x 512, 1024
+    in 32 x 256; 2048 keep 128 x 64), but not below one program per SM (37
+    rows of 8300 on 80 SMs keep them: 65 blocks of 128 columns would leave
+    SMs idle). On 37 rows of 9000 in the interpreter (8 x 1024 on 3 SMs),
+    against float64."""
+    from bench_frozen_norm import record_backward
+    want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
+    cases = [((256, 262144), 132, (8, 1024)), ((512, 131072), 132, (16, 512)), ((1024, 65536), 132, (32, 256)),
+             ((2048, 20480), 132, (128, 64)), ((37, 9000), fn.INTERPRETER_SMS, (8, 1024)),
+             ((37, 8300), 80, (128, 64))]
+    for (M, N), sms, tile in cases:
+        dwdb = record_backward(name, (M, N), want, num_sms=sms).launches[-1]
+        assert dwdb.name == "_row_norm_dwdb_kernel"
+        assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile
+        assert dwdb.grid[0] == -(-N // tile[1])
+    check_op(OPS[name], (37, 9000), torch.float32, ALL_TRAIN[name], _with_grads(name))
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_backward_grid(name):
     """1031 rows of 33: 33 tiles of 32 rows (LOOP_TILE_ELEMENTS = 2048, of 64
     columns). A trained backward deals them to a persistent grid (3
@@ -1314,11 +1336,13 @@ def test_backward_grid(name):
 
 def _outputs_and_grads(op, d):
     """One forward and backward of `op` on inputs `d`: its outputs, then the
-    gradients of every input that requires one (dy drawn from a fixed seed)."""
+    gradients of every input that requires one (dy drawn from a fixed seed, on
+    the outputs' device)."""
     wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
     outs = as_tuple(op.run(d))
     torch.manual_seed(2)
-    return list(outs) + list(torch.autograd.grad(outs, wanted, grad_outputs(outs)))
+    dys = [dy.to(o.device) for dy, o in zip(grad_outputs(outs), outs)]
+    return list(outs) + list(torch.autograd.grad(outs, wanted, dys))
 
 
 @pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "poly-long-rows"])
@@ -1818,14 +1842,6 @@ def test_cuda_graph_capture(name, mode):
             assert torch.equal(got, want)
 
 
-def _forward_backward(op, d):
-    """The op's outputs and the gradients of its leaves, for one set of inputs."""
-    leaves = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-    outs = as_tuple(op.run(d))
-    dys = [torch.ones_like(o) + 0.25 * o.detach() for o in outs]   # fixed, so two runs compare bitwise
-    return list(outs) + list(torch.autograd.grad(outs, leaves, dys))
-
-
 # One shape per path: the tile kernels, the long-row kernels with the dw/db
 # kernel, GroupNorm's programs split by channels.
 DEVICE_SHAPES = {"row": [((300, 1000), None), ((40, 8200), None)], "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
@@ -1842,7 +1858,7 @@ def test_launches_on_the_tensors_device(name, monkeypatch):
     op = OPS[name]
     for shape, groups in DEVICE_SHAPES["gn" if name == "gn" else "row"]:
         d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
-        plain = _forward_backward(op, d)
+        plain = _outputs_and_grads(op, d)
         entered, real_device = [], torch.cuda.device
 
         class recorded_device(real_device):
@@ -1852,7 +1868,7 @@ def test_launches_on_the_tensors_device(name, monkeypatch):
         with pytest.MonkeyPatch.context() as m:
             m.setattr(torch.cuda, "current_device", lambda: d["x"].device.index + 1)
             m.setattr(torch.cuda, "device", recorded_device)
-            moved = _forward_backward(op, d)
+            moved = _outputs_and_grads(op, d)
         assert entered and all(e == d["x"].device for e in entered)   # one per launcher call
         for got, want in zip(moved, plain):
             assert torch.equal(got, want)
@@ -1869,9 +1885,9 @@ def test_tensors_on_another_gpu(name):
         d = {k: (v.detach().to("cuda:1").requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v)
              for k, v in d.items()}
         with torch.cuda.device(1):
-            want = _forward_backward(op, d)
+            want = _outputs_and_grads(op, d)
         with torch.cuda.device(0):
-            got = _forward_backward(op, d)
+            got = _outputs_and_grads(op, d)
             assert torch.cuda.current_device() == 0
         for g, w in zip(got, want):
             assert g.device == torch.device("cuda:1") and torch.equal(g, w)
