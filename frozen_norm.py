@@ -386,14 +386,13 @@ SMEM_RESERVE = 8192
 DW_BLOCK_M, DW_BLOCK_N = 128, 64
 DW_WARPS = 8
 DW_PROGRAMS_PER_SM = 1
-# Those tiles were chosen on 2048 rows and more. Fewer rows than
-# DW_FEW_ROW_STEPS steps of DW_BLOCK_M leave each program a loop too short to
-# fill its pipeline, and its closing sum over the tile's rows weighs more:
-# their tiles are made flatter (half the rows, twice the columns, down to
-# DW_MIN_BLOCK_M rows) until a program takes DW_FLAT_ROW_STEPS steps, while
-# the column blocks still fill DW_PROGRAMS_PER_SM programs per SM. Measured on
-# 256 to 1024 rows; with 2048 rows, flatter tiles were slower for LayerNorm
-# (NOTES.md, section 6).
+# Few rows: fewer than DW_FEW_ROW_STEPS steps of DW_BLOCK_M (under 2048
+# rows) leave each program a loop too short to fill its pipeline, and its
+# closing sum over the tile's rows weighs more. Their tiles are made flatter
+# (half the rows, twice the columns, down to DW_MIN_BLOCK_M rows) until a
+# program takes DW_FLAT_ROW_STEPS steps, while the column blocks still fill
+# DW_PROGRAMS_PER_SM programs per SM. With 2048 rows flatter tiles measured
+# slower for LayerNorm, so the rule starts below (NOTES.md, section 6).
 DW_FEW_ROW_STEPS = 16
 DW_FLAT_ROW_STEPS = 32
 DW_MIN_BLOCK_M = 8
