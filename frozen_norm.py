@@ -786,9 +786,9 @@ def _launcher(f):
     wrong GPU, unordered with the stream that made its input."""
     @functools.wraps(f)
     def on_its_device(*args, **kwargs):
-        device = args[0].device
-        if device.type == "cuda" and device.index != torch.cuda.current_device():
-            with torch.cuda.device(device):
+        index = args[0].get_device()   # -1 on the CPU (the interpreter); an int is cheaper than .device
+        if index >= 0 and index != torch.cuda.current_device():
+            with torch.cuda.device(index):
                 return f(*args, **kwargs)
         return f(*args, **kwargs)
 
@@ -1829,19 +1829,19 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     """
     compute_dw, compute_db = dw is not None, db is not None
     block_m, block_n, warps, max_registers = DW_BLOCK_M, DW_BLOCK_N, DW_WARPS, None
+    sms = _num_sms(x.device)
     beside = beside_share is not None
     if beside:
-        slabs = max(1, round(beside_share * _num_sms(x.device)))
+        slabs = max(1, round(beside_share * sms))
         block_n = min(DW_BESIDE_TILE, max(DW_BLOCK_N, _pow2(_cdiv(N, slabs))))
         block_m, max_registers = DW_BESIDE_TILE // block_n, DW_BESIDE_MAX_REGISTERS
         warps = DW_BESIDE_WARPS * (compute_dw + compute_db)
     elif _cdiv(M, block_m) < DW_FEW_ROW_STEPS:   # few rows: flatter tiles (see the constants)
         while (block_m > DW_MIN_BLOCK_M and _cdiv(M, block_m) < DW_FLAT_ROW_STEPS
-               and _cdiv(N, 2 * block_n) >= DW_PROGRAMS_PER_SM * _num_sms(x.device)):
+               and _cdiv(N, 2 * block_n) >= DW_PROGRAMS_PER_SM * sms):
             block_m, block_n = block_m // 2, block_n * 2
     col_blocks = _cdiv(N, block_n)
-    splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(DW_PROGRAMS_PER_SM * _num_sms(x.device),
-                                                                    col_blocks)))
+    splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(DW_PROGRAMS_PER_SM * sms, col_blocks)))
     rows_per_split = _cdiv(_cdiv(M, splits), block_m) * block_m
     splits = _cdiv(M, rows_per_split)
     dw_partial, db_partial = _sum_targets(splits, dw, db)

@@ -1796,12 +1796,13 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
         assert torch.equal(got, want)
 
 
-# Shapes for CUDA-graph capture: short rows (the tile kernels), long rows
-# (the long-row kernels, or RELOAD's tiles; where the dw/db kernel runs, as
-# for LayerNorm's trained rows, a capture runs it beside the dx kernel, in one
-# row slice), GroupNorm with 256 rows and with 4 rows split over programs (the
-# two-launch path).
-GRAPH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384), None)],
+# One shape per path, for CUDA-graph capture and for the tests of the device
+# a launch goes to: short rows (the tile kernels), long rows (the long-row
+# kernels, or RELOAD's tiles; where the dw/db kernel runs, as for LayerNorm's
+# trained rows, a capture runs it beside the dx kernel, in one row slice),
+# GroupNorm with 256 rows and with 4 rows split over programs (the two-launch
+# path).
+GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384), None)],
                 "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
 
@@ -1818,7 +1819,7 @@ def test_cuda_graph_capture(name, mode):
     from bench_frozen_norm import capture_graph
     op = OPS[name]
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
-    for shape, groups in GRAPH_SHAPES["gn" if name == "gn" else "row"]:
+    for shape, groups in GPU_PATH_SHAPES["gn" if name == "gn" else "row"]:
         d = prepare(op, shape, torch.bfloat16, params, _with_grads(name), groups)
         leaves = [k for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
         outs = as_tuple(op.run(d))
@@ -1842,11 +1843,6 @@ def test_cuda_graph_capture(name, mode):
             assert torch.equal(got, want)
 
 
-# One shape per path: the tile kernels, the long-row kernels with the dw/db
-# kernel, GroupNorm's programs split by channels.
-DEVICE_SHAPES = {"row": [((300, 1000), None), ((40, 8200), None)], "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
-
-
 @gpu
 @pytest.mark.parametrize("name", list(OPS))
 def test_launches_on_the_tensors_device(name, monkeypatch):
@@ -1856,7 +1852,7 @@ def test_launches_on_the_tensors_device(name, monkeypatch):
     the real one when it started), and every forward and backward must enter
     torch.cuda.device(x.device) and give the bits of a plain call."""
     op = OPS[name]
-    for shape, groups in DEVICE_SHAPES["gn" if name == "gn" else "row"]:
+    for shape, groups in GPU_PATH_SHAPES["gn" if name == "gn" else "row"]:
         d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
         plain = _outputs_and_grads(op, d)
         entered, real_device = [], torch.cuda.device
@@ -1880,7 +1876,7 @@ def test_tensors_on_another_gpu(name):
     """Tensors on cuda:1 while cuda:0 is current: the results of the same call
     with cuda:1 current, bit for bit, and cuda:0 still current afterwards."""
     op = OPS[name]
-    for shape, groups in DEVICE_SHAPES["gn" if name == "gn" else "row"]:
+    for shape, groups in GPU_PATH_SHAPES["gn" if name == "gn" else "row"]:
         d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
         d = {k: (v.detach().to("cuda:1").requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v)
              for k, v in d.items()}
