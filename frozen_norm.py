@@ -378,24 +378,26 @@ PADDED_PIPELINE_STAGES = PIPELINE_STAGES + 1
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
-# The column-tiled dw/db kernel of long rows: [DW_BLOCK_M, DW_BLOCK_N] tiles
-# (128-byte bf16 row segments, one cache line), 8 warps (32 elements per
-# thread), and one program per SM, each summing a slice of the rows into one
-# row of an (S x N) scratch. The best of a sweep of tile shapes, warps and
-# programs per SM (NOTES.md, section 6).
-DW_BLOCK_M, DW_BLOCK_N = 128, 64
-DW_WARPS = 8
-DW_PROGRAMS_PER_SM = 1
-# Few rows: fewer than DW_FEW_ROW_STEPS steps of DW_BLOCK_M (under 2048
-# rows) leave each program a loop too short to fill its pipeline, and its
-# closing sum over the tile's rows weighs more. Their tiles are made flatter
-# (half the rows, twice the columns, down to DW_MIN_BLOCK_M rows) until a
-# program takes DW_FLAT_ROW_STEPS steps, while the column blocks still fill
-# DW_PROGRAMS_PER_SM programs per SM. With 2048 rows flatter tiles measured
-# slower for LayerNorm, so the rule starts below (NOTES.md, section 6).
-DW_FEW_ROW_STEPS = 16
+# The column-tiled dw/db kernel of long rows, after the dx kernel: each
+# program sums the rows of one column block. [DW_BLOCK_M, DW_BLOCK_N] tiles
+# to start with (128-byte bf16 row segments, one cache line) on DW_WARPS warps
+# (32 elements and 32 fp32 accumulator registers per trained parameter a
+# thread): small programs, several to an SM (ptxas, Triton 3.6: 92 registers
+# with one accumulator, 158 with two: 5 or 3 programs), so that the column
+# blocks are dealt evenly over the SMs in one wave. Where there are more
+# blocks than DW_WAVE_PROGRAMS_PER_SM programs per SM (the two accumulators'
+# figure, the fewer), the last ones would run on part of the GPU, so the
+# tiles are made flatter (half the rows, twice the columns, down to
+# DW_MIN_BLOCK_M rows) until they fit one wave. So they are too while a
+# program would take fewer than DW_FLAT_ROW_STEPS steps (few rows: a loop too
+# short to fill its pipeline, and a closing sum over the tile's rows that
+# weighs more), while the column blocks still give each SM a program. Both
+# from sweeps of tile shapes, warps and row slices (NOTES.md, section 6).
+DW_BLOCK_M, DW_BLOCK_N = 64, 64
+DW_WARPS = 4
+DW_WAVE_PROGRAMS_PER_SM = 3
 DW_FLAT_ROW_STEPS = 32
-DW_MIN_BLOCK_M = 8
+DW_MIN_BLOCK_M = 4
 # While a CUDA graph is captured (DW_BESIDE_GRAPH), the dw/db kernel of long
 # rows runs beside the dx kernel, on a second stream (`_run_beside`), both
 # walking the rows first to last, so that much of what one reads from DRAM
@@ -1819,10 +1821,11 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
     partials, or dw and db themselves, filled, when S = 1.
 
-    After the dx kernel: tiles of DW_BLOCK_M x DW_BLOCK_N, flatter for few
-    rows (DW_FEW_ROW_STEPS), and S row slices, enough that (S x column
-    blocks) fills DW_PROGRAMS_PER_SM programs per SM, each slice a whole
-    number of row steps: one slice where the column blocks alone fill them
+    After the dx kernel: tiles of DW_BLOCK_M x DW_BLOCK_N, flatter where the
+    column blocks would not fit one wave (DW_WAVE_PROGRAMS_PER_SM) or a
+    program would walk few rows (DW_FLAT_ROW_STEPS), and S row slices,
+    enough that (S x column blocks) gives each SM a program, each slice a
+    whole number of row steps: one slice where the column blocks alone do
     (N > 8384 on an H200) or M is at most one step. Beside it (a
     `beside_share`): one slice, in about that many programs per SM (see
     DW_BESIDE_GRAPH).
@@ -1836,12 +1839,13 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         block_n = min(DW_BESIDE_TILE, max(DW_BLOCK_N, _pow2(_cdiv(N, slabs))))
         block_m, max_registers = DW_BESIDE_TILE // block_n, DW_BESIDE_MAX_REGISTERS
         warps = DW_BESIDE_WARPS * (compute_dw + compute_db)
-    elif _cdiv(M, block_m) < DW_FEW_ROW_STEPS:   # few rows: flatter tiles (see the constants)
-        while (block_m > DW_MIN_BLOCK_M and _cdiv(M, block_m) < DW_FLAT_ROW_STEPS
-               and _cdiv(N, 2 * block_n) >= DW_PROGRAMS_PER_SM * sms):
+    else:   # flatter tiles for one wave, or for few rows (see the constants)
+        while block_m > DW_MIN_BLOCK_M and (
+                _cdiv(N, block_n) > DW_WAVE_PROGRAMS_PER_SM * sms
+                or (_cdiv(M, block_m) < DW_FLAT_ROW_STEPS and _cdiv(N, 2 * block_n) >= sms)):
             block_m, block_n = block_m // 2, block_n * 2
     col_blocks = _cdiv(N, block_n)
-    splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(DW_PROGRAMS_PER_SM * sms, col_blocks)))
+    splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(sms, col_blocks)))
     rows_per_split = _cdiv(_cdiv(M, splits), block_m) * block_m
     splits = _cdiv(M, rows_per_split)
     dw_partial, db_partial = _sum_targets(splits, dw, db)
@@ -1850,7 +1854,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, stride_dy, stride_x, rows_per_split,
         CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
-        BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, DW_PROGRAMS_PER_SM, x.device),
+        BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, 1 if beside else DW_WAVE_PROGRAMS_PER_SM, x.device),
         LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers)
     return dw_partial, db_partial
 

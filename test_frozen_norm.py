@@ -1292,24 +1292,28 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
-def test_dwdb_few_rows_flatter_tiles(name):
-    """The dw/db kernel after the dx kernel takes flatter tiles on fewer rows
-    than DW_FEW_ROW_STEPS steps of DW_BLOCK_M, until DW_FLAT_ROW_STEPS steps
-    (on an H200's 132 SMs: 256 rows in 8 x 1024 tiles, 512 in 16 x 512, 1024
-    in 32 x 256; 2048 keep 128 x 64), but not below one program per SM (37
-    rows of 8300 on 80 SMs keep them: 65 blocks of 128 columns would leave
-    SMs idle). On 37 rows of 9000 in the interpreter (8 x 1024 on 3 SMs),
-    against float64."""
+def test_dwdb_flatter_tiles(name):
+    """The dw/db kernel after the dx kernel starts from DW_BLOCK_M x
+    DW_BLOCK_N tiles and makes them flatter while its column blocks would
+    not fit one wave of DW_WAVE_PROGRAMS_PER_SM programs per SM, or while a
+    program would walk fewer than DW_FLAT_ROW_STEPS steps of rows and the
+    column blocks still give each SM a program, down to DW_MIN_BLOCK_M rows.
+    On an H200's 132 SMs: 2048 x 20480 keeps 64 x 64 (320 blocks), 2048 x
+    32768 takes 32 x 128 (256), 1024 x 65536 16 x 256 (256), 512 x 131072
+    8 x 512 (256), 256 x 262144 4 x 1024 (the floor); 37 rows of 8300 on 60
+    SMs 32 x 128 (few rows; 65 blocks of 128), on 80 SMs 64 x 64 (65 would
+    leave SMs idle). On 37 rows of 9000 in the interpreter (4 x 1024 on 3
+    SMs), against float64."""
     from bench_frozen_norm import record_backward
     want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
-    cases = [((256, 262144), 132, (8, 1024)), ((512, 131072), 132, (16, 512)), ((1024, 65536), 132, (32, 256)),
-             ((2048, 20480), 132, (128, 64)), ((37, 9000), fn.INTERPRETER_SMS, (8, 1024)),
-             ((37, 8300), 80, (128, 64))]
+    cases = [((2048, 20480), 132, (64, 64)), ((2048, 32768), 132, (32, 128)), ((1024, 65536), 132, (16, 256)),
+             ((512, 131072), 132, (8, 512)), ((256, 262144), 132, (4, 1024)),
+             ((37, 8300), 60, (32, 128)), ((37, 8300), 80, (64, 64)), ((37, 9000), fn.INTERPRETER_SMS, (4, 1024))]
     for (M, N), sms, tile in cases:
         dwdb = record_backward(name, (M, N), want, num_sms=sms).launches[-1]
         assert dwdb.name == "_row_norm_dwdb_kernel"
-        assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile
-        assert dwdb.grid[0] == -(-N // tile[1])
+        assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile, ((M, N), sms, dwdb)
+        assert dwdb.grid[0] == -(-N // tile[1]) and dwdb.num_warps == fn.DW_WARPS
     check_op(OPS[name], (37, 9000), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
 
