@@ -1832,6 +1832,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     """
     compute_dw, compute_db = dw is not None, db is not None
     block_m, block_n, warps, max_registers = DW_BLOCK_M, DW_BLOCK_N, DW_WARPS, None
+    per_sm = DW_WAVE_PROGRAMS_PER_SM   # programs sharing an SM's shared memory
     sms = _num_sms(x.device)
     beside = beside_share is not None
     if beside:
@@ -1839,6 +1840,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         block_n = min(DW_BESIDE_TILE, max(DW_BLOCK_N, _pow2(_cdiv(N, slabs))))
         block_m, max_registers = DW_BESIDE_TILE // block_n, DW_BESIDE_MAX_REGISTERS
         warps = DW_BESIDE_WARPS * (compute_dw + compute_db)
+        per_sm = 1   # at most one (DW_BESIDE_PROGRAMS_PER_SM)
     else:   # flatter tiles for one wave, or for few rows (see the constants)
         while block_m > DW_MIN_BLOCK_M and (
                 _cdiv(N, block_n) > DW_WAVE_PROGRAMS_PER_SM * sms
@@ -1854,7 +1856,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, stride_dy, stride_x, rows_per_split,
         CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
-        BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, 1 if beside else DW_WAVE_PROGRAMS_PER_SM, x.device),
+        BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
         LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers)
     return dw_partial, db_partial
 
