@@ -1843,7 +1843,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         per_sm = 1   # at most one (DW_BESIDE_PROGRAMS_PER_SM)
     else:   # flatter tiles for one wave, or for few rows (see the constants)
         while block_m > DW_MIN_BLOCK_M and (
-                _cdiv(N, block_n) > DW_WAVE_PROGRAMS_PER_SM * sms
+                _cdiv(N, block_n) > per_sm * sms
                 or (_cdiv(M, block_m) < DW_FLAT_ROW_STEPS and _cdiv(N, 2 * block_n) >= sms)):
             block_m, block_n = block_m // 2, block_n * 2
     col_blocks = _cdiv(N, block_n)

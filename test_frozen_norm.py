@@ -1807,7 +1807,7 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
 # GroupNorm with 256 rows and with 4 rows split over programs (the two-launch
 # path).
 GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384), None)],
-                "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
+                   "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
 
 @gpu
