@@ -447,7 +447,8 @@ PARTIAL_FOLD_ROWS = 1024
 # GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
 # that two share an SM; 8192 and 16384 measured slower), and the programs per
 # SM to aim for when a batch has fewer (sample, group) rows than SMs: each row
-# is then split over several programs by channels.
+# is then split over several programs by channels, and where the channels run
+# short, the launch that writes y (or dx) cuts each split into runs of tiles.
 GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
 # GroupNorm backward with dw or db: channels a tile spans at least. The
@@ -2175,7 +2176,10 @@ class LayerNorm(torch.nn.LayerNorm):
 # B * G is smaller than the SM count, each row is split over S programs by
 # channels, and the two passes become two launches: the first leaves
 # per-split partial statistics in spare columns of the saved statistics
-# tensor, the second merges them. In the forward, equal splits longer than
+# tensor, the second merges them. The second one's work (y, or dx) is
+# elementwise once the statistics are known, so where whole channels leave
+# too few splits it cuts each split into runs of tiles, one program per run
+# (`_group_parts`). In the forward, equal splits longer than
 # ROW_BLOCK_MAX (each a contiguous segment) take their statistics from the
 # long-row forward's pass 1 instead, one program per segment. The
 # statistics tensor is (B * G, 2 + 2 S) fp32: mean, rstd, then two floats per
@@ -2226,6 +2230,13 @@ def _group_num_tiles(c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constex
 
 
 @triton.jit
+def _group_part(part, parts, num_tiles):
+    """Tiles [t_lo, t_hi) of part `part` of a split's num_tiles tiles cut
+    into `parts` nearly equal runs (the second launch, `_group_parts`)."""
+    return part * num_tiles // parts, (part + 1) * num_tiles // parts
+
+
+@triton.jit
 def _group_load_x_g(X, DY, W, c, offs, mask, c_hi, HAS_W: tl.constexpr):
     """x and g = dy * w[c] of a GroupNorm tile, in fp32 (g = 0 where masked)."""
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
@@ -2238,7 +2249,7 @@ def _group_load_x_g(X, DY, W, c, offs, mask, c_hi, HAS_W: tl.constexpr):
 @triton.jit
 def _group_norm_fwd_kernel(
     X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, 2 + 2S) fp32
-    C, HW, Cg, channels_per_split, S, stats_stride, eps,
+    C, HW, Cg, channels_per_split, S, parts, stats_stride, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     STAGES: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
 ):
@@ -2246,6 +2257,9 @@ def _group_norm_fwd_kernel(
 
     Grid: (B * G * S,); program p handles split p % S of row p // S: channels
     [c_lo, c_hi) of that row, all HW positions, in [BLOCK_C, BLOCK_HW] tiles.
+    The DO_APPLY-only launch has `parts` programs per split, (B * G * S *
+    parts,): each writes y for one run of the split's tiles (`_group_part`);
+    parts = 1 in the other modes.
     Pointers: X, Y contiguous (B, C, HW); W, B (C,); Stats (B*G, stats_stride)
     fp32 holding mean, rstd and 2 partial floats per split.
     Dtypes: Y is X's dtype; W, B any float dtype; fp32 math.
@@ -2265,7 +2279,8 @@ def _group_norm_fwd_kernel(
     pid = tl.program_id(0)
     if not DO_STATS:
         pid = tl.num_programs(0) - 1 - pid
-    row, split, base, c_lo, c_hi = _group_row(pid, S, C, HW, Cg, channels_per_split)
+    part = pid % parts
+    row, split, base, c_lo, c_hi = _group_row(pid // parts, S, C, HW, Cg, channels_per_split)
     eps = tl.cast(eps, tl.float32)
     stats_row = Stats + row.to(tl.int64) * stats_stride
     num_tiles = _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
@@ -2294,11 +2309,12 @@ def _group_norm_fwd_kernel(
             count += n_b
     if DO_APPLY:
         rstd = 1.0 / tl.sqrt(m2 / (Cg * HW) + eps)
-        if split == 0:
+        if (split == 0) & (part == 0):
             tl.store(stats_row, mean)
             tl.store(stats_row + 1, rstd)
-        for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
-            c, offs, mask, _ = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+        t_lo, t_hi = _group_part(part, parts, num_tiles)
+        for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
+            c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
             if HAS_W:
                 y = y * _load_vector(W, c, c_hi)[:, None]
@@ -2310,14 +2326,15 @@ def _group_norm_fwd_kernel(
 @triton.jit
 def _group_norm_bwd_kernel(
     DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, 2 + 2S); DWp, DBp: (B, C) fp32
-    C, HW, Cg, channels_per_split, S, stats_stride,
+    C, HW, Cg, channels_per_split, S, parts, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
     DO_DX: tl.constexpr,
 ):
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
-    Grid and pointers as `_group_norm_fwd_kernel`; DWp and DBp are contiguous
+    Grid and pointers as `_group_norm_fwd_kernel` (`parts` programs per split
+    in the DO_DX-only launch); DWp and DBp are contiguous
     (B, C) fp32, or with B = 1 dw and db themselves (`_sum_targets`), and
     receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy, in their dtype.
     Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
@@ -2338,7 +2355,7 @@ def _group_norm_bwd_kernel(
     pid = tl.program_id(0)
     if not DO_SUMS:
         pid = tl.num_programs(0) - 1 - pid
-    row, split, base, c_lo, c_hi = _group_row(pid, S, C, HW, Cg, channels_per_split)
+    row, split, base, c_lo, c_hi = _group_row(pid // parts, S, C, HW, Cg, channels_per_split)
     stats_row = Stats + row.to(tl.int64) * stats_stride
     mean = tl.load(stats_row)
     rstd = tl.load(stats_row + 1)
@@ -2373,9 +2390,9 @@ def _group_norm_bwd_kernel(
         c2 = sum_g / (Cg * HW)
         k1 = -rstd * rstd * c1   # dx regrouped as in `_long_row_norm_bwd_kernel`
         k0 = -rstd * c2
-        num_tiles = _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
-        for k in tl.range(0, num_tiles, num_stages=STAGES):   # the tiles of pass 1, last first
-            c, offs, mask, _ = _group_tile(num_tiles - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
+        t_lo, t_hi = _group_part(pid % parts, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
+        for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
+            c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
             dx = g * rstd + ((x - mean) * k1 + k0)
             tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=mask)
@@ -2404,6 +2421,20 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
     num_warps = _warps_for(block_c * block_hw, LOOP_ELEMENTS_PER_THREAD)
     stages = _pipeline_stages(block_c * block_hw * element_bytes, _programs_per_sm(num_warps), device)
     return _GroupTiling(splits, per_split, block_c, block_hw, num_warps, stages)
+
+
+def _group_parts(programs: int, per_split: int, HW: int, block_c: int, block_hw: int,
+                 device: torch.device) -> int:
+    """Programs per split in GroupNorm's second launch (y, or dx): `programs`
+    splits of `per_split` channels each, in [block_c, block_hw] tiles, cut
+    into runs of tiles, as many as bring the programs nearest to
+    GROUP_PROGRAMS_PER_SM per SM (at most one per tile). Splits are whole
+    channels, and a group of 4 channels makes 4 of them: with 32 rows, 128
+    programs, 2 runs each. Rounded, not up: 224 splits stay whole, as twice
+    as many programs would take two waves (NOTES.md, section 6)."""
+    tiles = _cdiv(per_split, block_c) * _cdiv(HW, block_hw)
+    target = GROUP_PROGRAMS_PER_SM * _num_sms(device)
+    return max(1, min(tiles, (target + programs // 2) // programs))
 
 
 def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> Optional[_RowTiling]:
@@ -2468,11 +2499,13 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             L, 0, 0, L, stats.stride(0), num_groups, float(eps), HAS_RESIDUAL=False, HAS_B=bias is not None,
             APPLY=True, SPLITS=1, **meta)
         return y, stats
-    launch = functools.partial(
-        _group_norm_fwd_kernel[(B * num_groups * t.splits,)], x3, y, _vector(weight), _vector(bias), stats,
-        C, HW, C // num_groups, t.channels_per_split, t.splits, stats.stride(0), float(eps),
-        HAS_W=weight is not None, HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw,
-        STAGES=t.stages, num_warps=t.num_warps)
+    def launch(parts=1, **passes):
+        _group_norm_fwd_kernel[(B * num_groups * t.splits * parts,)](
+            x3, y, _vector(weight), _vector(bias), stats, C, HW, C // num_groups, t.channels_per_split,
+            t.splits, parts, stats.stride(0), float(eps), HAS_W=weight is not None, HAS_B=bias is not None,
+            BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
+
+    parts = _group_parts(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device)
     segment = t.channels_per_split * HW   # a split's elements, contiguous
     if t.splits == 1:
         launch(DO_STATS=True, DO_APPLY=True)
@@ -2486,10 +2519,10 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             float(eps), N=segment, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(segment, 2), HW=0, APPLY=False, SPLITS=t.splits,
             num_warps=plan.num_warps)
-        launch(DO_STATS=False, DO_APPLY=True)
+        launch(parts, DO_STATS=False, DO_APPLY=True)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
-        launch(DO_STATS=False, DO_APPLY=True)
+        launch(parts, DO_STATS=False, DO_APPLY=True)
     return y, stats
 
 
@@ -2528,18 +2561,22 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
                           GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
         splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
         per_split = _cdiv(C // num_groups, splits)
-        launch = functools.partial(
-            _group_norm_bwd_kernel[(B * num_groups * splits,)], dy3, x3, _vector(weight), stats, dx,
-            dw_partial, db_partial, C, HW, C // num_groups, per_split, splits, stats.stride(0),
-            HAS_W=weight is not None, COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            BLOCK_C=min(t.block_c, _pow2(per_split)), BLOCK_HW=t.block_hw, STAGES=t.stages,
-            num_warps=t.num_warps)
+        block_c = min(t.block_c, _pow2(per_split))
+
+        def launch(parts=1, **passes):
+            _group_norm_bwd_kernel[(B * num_groups * splits * parts,)](
+                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, C // num_groups, per_split,
+                splits, parts, stats.stride(0), HAS_W=weight is not None, COMPUTE_DX=compute_dx,
+                COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=block_c, BLOCK_HW=t.block_hw,
+                STAGES=t.stages, num_warps=t.num_warps, **passes)
+
         if compute_dx and splits == 1:
             launch(DO_SUMS=True, DO_DX=True)
         else:
             launch(DO_SUMS=True, DO_DX=False)
             if compute_dx:
-                launch(DO_SUMS=False, DO_DX=True)
+                launch(_group_parts(B * num_groups * splits, per_split, HW, block_c, t.block_hw, x.device),
+                       DO_SUMS=False, DO_DX=True)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 

@@ -1145,6 +1145,67 @@ def test_group_norm_split_statistics(shape, shift, dtype, monkeypatch):
     check_op(OPS["gn"], shape, dtype, ALL_TRAIN["gn"], {"x": True}, 1)
 
 
+def test_group_norm_split_runs_plan():
+    """Where whole channels leave fewer splits than GROUP_PROGRAMS_PER_SM per
+    SM, the launch that writes y (forward) or dx (backward) cuts each split
+    into runs of tiles: the nearest whole number of runs to that target
+    (H200's 132 SMs: 264 programs; meta tensors)."""
+    from bench_frozen_norm import recording
+
+    def grids(C, HW):
+        x = torch.empty(1, C, HW, device="meta", dtype=torch.bfloat16)
+        w = x[0, :, 0]
+        with recording() as rec:
+            _, stats = fn.group_norm_forward(x, 32, w, w)
+            fn.group_norm_backward(x, x, 32, w, w, stats, compute_dw=False, compute_db=False)
+        return [(lc.name, lc.grid[0]) for lc in rec.launches]
+    # 4 channels a group: 4 splits of 32 rows, 128 programs; 2 runs each.
+    assert grids(128, 512 * 512) == [("_long_row_norm_fwd_kernel", 128), ("_group_norm_fwd_kernel", 256),
+                                     ("_group_norm_bwd_kernel", 128), ("_group_norm_bwd_kernel", 256)]
+    # 3 channels: 96 splits, 3 runs each (264 / 96 = 2.75).
+    assert [g for _, g in grids(96, 512 * 512)] == [96, 288, 96, 288]
+    # 16 channels: 8 splits of 2, 256 programs, whole; 20 channels: 7 splits of 3, 224, whole.
+    assert [g for _, g in grids(512, 256 * 256)] == [256, 256, 256, 256]
+    assert [g for _, g in grids(640, 128 * 128)] == [224, 224, 224, 224]
+
+
+@pytest.mark.parametrize("shape, long_stats", [((1, 4, 30, 50), False), ((1, 2, 25, 41), False),
+                                               ((1, 2, 25, 41), True)],
+                         ids=["2-runs", "3-uneven-runs", "3-runs-long-row-stats"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_group_norm_split_runs(shape, long_stats, dtype, monkeypatch):
+    """The runs of `_group_parts` (3 SMs, 6 programs wanted; tiles of 256
+    elements): 4 splits in 2 runs of 3 tiles, or 2 splits in 3 runs of 1, 2
+    and 2 tiles (their statistics by GroupNorm's kernel, or by the long-row
+    pass 1). y and every gradient bitwise equal to whole splits', trained and
+    frozen, and near float64."""
+    monkeypatch.setattr(fn, "_num_sms", lambda device: 3)
+    monkeypatch.setattr(fn, "GROUP_TILE_ELEMENTS", 256)
+    if long_stats:
+        monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    B, C, HW = shape[0], shape[1], shape[2] * shape[3]
+    t = fn._group_tiling(B, C, HW, 1, 4, torch.device(DEVICE))
+    parts = fn._group_parts(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, torch.device(DEVICE))
+    assert (t.splits, parts) == ((4, 2) if C == 4 else (2, 3))
+    x = randn(*shape, shift=0.5, dtype=dtype).requires_grad_()
+    w, b = randn(C, shift=1.0, dtype=dtype).requires_grad_(), randn(C, dtype=dtype).requires_grad_()
+    dy = randn(*shape, dtype=dtype)
+
+    def run():
+        out = [fn.group_norm(x, 1, w, b)]
+        out += torch.autograd.grad(out[0], (x, w, b), dy)
+        return out + list(torch.autograd.grad(fn.group_norm(x, 1, w.detach(), b.detach()), x, dy))
+    runs = run()
+    monkeypatch.setattr(fn, "_group_parts", lambda *args: 1)
+    for got, whole in zip(runs, run()):
+        assert torch.equal(got, whole)
+    x64, w64, b64 = (v.detach().double().cpu().requires_grad_() for v in (x, w, b))
+    ref = fn.group_norm_reference(x64, 1, w64, b64)
+    ref.backward(dy.double().cpu())
+    for got, want in zip(runs, (ref, x64.grad, w64.grad, b64.grad, x64.grad)):
+        assert rel_error(got, want) < 2 * TOLERANCE[dtype]
+
+
 def test_group_norm_long_rows_allocations(monkeypatch):
     """Through the long-row backward: with w and b frozen nothing but dx; with
     both trained, dx, dw, db and one (B, C) fp32 scratch for each."""
