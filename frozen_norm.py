@@ -54,7 +54,7 @@ Contents (the section banners below)
 11. Seeing the dead code go: compiling for a GPU without one
 
 Tested with torch 2.11 / Triton 3.6 (NVIDIA H200, compiled) and torch 2.14 /
-Triton 3.8 (CPU, through Triton's interpreter). NOTES.md has the figures.
+Triton 3.8 and 3.9 (CPU, through Triton's interpreter). NOTES.md has the figures.
 
 Vendoring
 ---------
