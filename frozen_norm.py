@@ -2355,6 +2355,7 @@ def _group_norm_bwd_kernel(
     pid = tl.program_id(0)
     if not DO_SUMS:
         pid = tl.num_programs(0) - 1 - pid
+    part = pid % parts
     row, split, base, c_lo, c_hi = _group_row(pid // parts, S, C, HW, Cg, channels_per_split)
     stats_row = Stats + row.to(tl.int64) * stats_stride
     mean = tl.load(stats_row)
@@ -2390,7 +2391,7 @@ def _group_norm_bwd_kernel(
         c2 = sum_g / (Cg * HW)
         k1 = -rstd * rstd * c1   # dx regrouped as in `_long_row_norm_bwd_kernel`
         k0 = -rstd * c2
-        t_lo, t_hi = _group_part(pid % parts, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
+        t_lo, t_hi = _group_part(part, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
         for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
             c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
@@ -2499,6 +2500,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             L, 0, 0, L, stats.stride(0), num_groups, float(eps), HAS_RESIDUAL=False, HAS_B=bias is not None,
             APPLY=True, SPLITS=1, **meta)
         return y, stats
+
     def launch(parts=1, **passes):
         _group_norm_fwd_kernel[(B * num_groups * t.splits * parts,)](
             x3, y, _vector(weight), _vector(bias), stats, C, HW, C // num_groups, t.channels_per_split,
