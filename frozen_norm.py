@@ -2181,10 +2181,14 @@ class LayerNorm(torch.nn.LayerNorm):
 # too few splits it cuts each split into runs of tiles, one program per run
 # (`_group_parts`). In the forward, equal splits longer than
 # ROW_BLOCK_MAX (each a contiguous segment) take their statistics from the
-# long-row forward's pass 1 instead, one program per segment. The
-# statistics tensor is (B * G, 2 + 2 S) fp32: mean, rstd, then two floats per
-# split. It is allocated by the forward, so the split backward, too,
-# allocates nothing but dx.
+# long-row forward's pass 1 instead, one program per segment, or where the
+# splits are too few (a group of one channel is one split), one per piece:
+# each split cut into `pieces` equal contiguous pieces. The backward's first
+# launch takes as many runs of tiles per split where w and b are frozen (its
+# sums are per lane), whole splits where either trains (per channel). The
+# statistics tensor is (B * G, 2 + 2 S pieces) fp32: mean, rstd, then two
+# floats per piece. It is allocated by the forward, so the split backward,
+# too, allocates nothing but dx.
 
 
 def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -2248,8 +2252,8 @@ def _group_load_x_g(X, DY, W, c, offs, mask, c_hi, HAS_W: tl.constexpr):
 
 @triton.jit
 def _group_norm_fwd_kernel(
-    X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, 2 + 2S) fp32
-    C, HW, Cg, channels_per_split, S, parts, stats_stride, eps,
+    X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, 2 + 2S*pieces) fp32
+    C, HW, Cg, channels_per_split, S, pieces, parts, stats_stride, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     STAGES: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
 ):
@@ -2261,18 +2265,20 @@ def _group_norm_fwd_kernel(
     parts,): each writes y for one run of the split's tiles (`_group_part`);
     parts = 1 in the other modes.
     Pointers: X, Y contiguous (B, C, HW); W, B (C,); Stats (B*G, stats_stride)
-    fp32 holding mean, rstd and 2 partial floats per split.
+    fp32 holding mean, rstd and 2 partial floats (mean, m2) per statistics
+    piece: S * pieces of them, each of a split's pieces (equal, contiguous)
+    or, with pieces = 1, of a split (the last one may be shorter).
     Dtypes: Y is X's dtype; W, B any float dtype; fp32 math.
 
-    Launch modes (S = 1: one launch with both flags; S > 1: two launches):
+    Launch modes (S = pieces = 1: one launch with both flags; else two):
       DO_STATS and DO_APPLY  pass 1 (moments of the row), pass 2 (y), backwards.
       DO_STATS only          write this split's (mean, m2) to Stats; no y.
                              (`group_norm_forward` launches the long-row
                              forward with APPLY off instead where the
                              splits are equal and long.)
-      DO_APPLY only          merge the S partial moments, then pass 2; programs
-                             run in reverse order, to re-read from L2 what the
-                             stats launch read last.
+      DO_APPLY only          merge the S * pieces partial moments, then pass 2;
+                             programs run in reverse order, to re-read from L2
+                             what the stats launch read last.
     HAS_W, HAS_B: False removes the load and use of w (b).
     STAGES: the software pipeline's depth over the tiles of a pass.
     """
@@ -2299,11 +2305,12 @@ def _group_norm_fwd_kernel(
             tl.store(stats_row + 2 + 2 * split, mean)
             tl.store(stats_row + 3 + 2 * split, m2)
     else:
+        piece = channels_per_split * HW // pieces   # elements per pair; a last split may have fewer
         mean = tl.load(stats_row + 2)
         m2 = tl.load(stats_row + 3)
-        count = tl.cast(tl.minimum(channels_per_split, Cg) * HW, tl.float32)
-        for s in range(1, S):
-            n_b = tl.cast(tl.minimum(channels_per_split, Cg - s * channels_per_split) * HW, tl.float32)
+        count = tl.cast(tl.minimum(piece, Cg * HW), tl.float32)
+        for s in range(1, S * pieces):
+            n_b = tl.cast(tl.minimum(piece, Cg * HW - s * piece), tl.float32)
             mean, m2 = _merge_moments(mean, m2, count, tl.load(stats_row + 2 + 2 * s),
                                       tl.load(stats_row + 3 + 2 * s), n_b)
             count += n_b
@@ -2325,26 +2332,28 @@ def _group_norm_fwd_kernel(
 
 @triton.jit
 def _group_norm_bwd_kernel(
-    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, 2 + 2S); DWp, DBp: (B, C) fp32
-    C, HW, Cg, channels_per_split, S, parts, stats_stride,
+    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, >= 2 + 2S*pairs); DWp, DBp: (B, C) fp32
+    C, HW, Cg, channels_per_split, S, pairs, parts, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
     DO_DX: tl.constexpr,
 ):
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
-    Grid and pointers as `_group_norm_fwd_kernel` (`parts` programs per split
-    in the DO_DX-only launch); DWp and DBp are contiguous
+    Grid and pointers as `_group_norm_fwd_kernel`: `parts` programs per split,
+    each on one run of the split's tiles, in the DO_DX-only launch and, with
+    w and b frozen, in the DO_SUMS-only launch; DWp and DBp are contiguous
     (B, C) fp32, or with B = 1 dw and db themselves (`_sum_targets`), and
     receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy, in their dtype.
     Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
 
-    Launch modes (S = 1: one launch; S > 1, or no dx wanted: two or one):
+    Launch modes (S = 1 and no pieces: one launch; else, or no dx wanted: two or one):
       DO_SUMS   pass 1: sum(xhat * g) and sum(g), from A and D per channel
                 (`_group_channel_sums`) when dw or db is computed, else per
-                lane; with DO_DX off (a split) these two go to Stats.
-      DO_DX     pass 2 (backwards): dx; without DO_SUMS, first merge the S
-                splits' sums from Stats (programs in reverse order, for L2).
+                lane; with DO_DX off these two go to Stats, one pair per
+                program (pairs = parts of them per split).
+      DO_DX     pass 2 (backwards): dx; without DO_SUMS, first merge the S *
+                pairs sums from Stats (programs in reverse order, for L2).
     Flags (each False removes code):
       COMPUTE_DW, COMPUTE_DB  the stores of A, D into DWp, DBp; both False
                               also removes the per-channel reductions.
@@ -2365,7 +2374,8 @@ def _group_norm_bwd_kernel(
         # channel, so they are accumulated per lane and reduced once at the end.
         acc_xc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-        for t in tl.range(0, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW), num_stages=STAGES):
+        t_lo, t_hi = _group_part(part, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
+        for t in tl.range(t_lo, t_hi, num_stages=STAGES):
             c, offs, mask, _ = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
             acc_xc_g += g * (x - mean)
@@ -2380,12 +2390,13 @@ def _group_norm_bwd_kernel(
     else:
         sum_xhat_g = tl.load(stats_row + 2)
         sum_g = tl.load(stats_row + 3)
-        for s in range(1, S):
+        for s in range(1, S * pairs):
             sum_xhat_g += tl.load(stats_row + 2 + 2 * s)
             sum_g += tl.load(stats_row + 3 + 2 * s)
-    if DO_SUMS and COMPUTE_DX and not DO_DX:   # a split's share, for the DO_DX launch to merge
-        tl.store(stats_row + 2 + 2 * split, sum_xhat_g)
-        tl.store(stats_row + 3 + 2 * split, sum_g)
+    if DO_SUMS and COMPUTE_DX and not DO_DX:   # a run's share, for the DO_DX launch to merge
+        pair = split * parts + part
+        tl.store(stats_row + 2 + 2 * pair, sum_xhat_g)
+        tl.store(stats_row + 3 + 2 * pair, sum_g)
     if DO_DX:
         c1 = sum_xhat_g / (Cg * HW)
         c2 = sum_g / (Cg * HW)
@@ -2402,6 +2413,7 @@ def _group_norm_bwd_kernel(
 class _GroupTiling(NamedTuple):
     splits: int               # S: programs per (sample, group) row
     channels_per_split: int
+    pieces: int               # statistics pieces per split (`_group_tiling`)
     block_c: int
     block_hw: int
     num_warps: int
@@ -2411,17 +2423,29 @@ class _GroupTiling(NamedTuple):
 def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: torch.device,
                   min_channels: int = 1) -> _GroupTiling:
     """Splits and tiles for GroupNorm; `element_bytes`: the loads per element of a
-    tile loop; `min_channels`: channels a tile spans at least (where a split has them)."""
+    tile loop; `min_channels`: channels a tile spans at least (where a split has them).
+
+    With few rows, equal splits longer than 2 x ROW_BLOCK_MAX are cut again
+    into `pieces` (a power of two) equal contiguous pieces for the forward's
+    statistics launch (and a frozen backward's sums), while that keeps the
+    programs at most GROUP_PROGRAMS_PER_SM per SM: whole channels make
+    too few splits where a group has few of them (one channel: one split)."""
     Cg = C // G
     target = GROUP_PROGRAMS_PER_SM * _num_sms(device)
-    splits = 1 if B * G >= _num_sms(device) else min(Cg, _cdiv(target, max(B * G, 1)))
+    few_rows = B * G < _num_sms(device)
+    splits = min(Cg, _cdiv(target, max(B * G, 1))) if few_rows else 1
     per_split = _cdiv(Cg, splits)
     splits = _cdiv(Cg, per_split)
+    pieces, segment = 1, per_split * HW
+    if few_rows and Cg % per_split == 0:
+        while (B * G * splits * pieces * 2 <= target and segment % (2 * pieces) == 0
+               and segment // (2 * pieces) > ROW_BLOCK_MAX):
+            pieces *= 2
     block_hw = min(_pow2(HW), max(1, GROUP_TILE_ELEMENTS // min(_pow2(per_split), min_channels)))
     block_c = min(_pow2(per_split), max(1, GROUP_TILE_ELEMENTS // block_hw))
     num_warps = _warps_for(block_c * block_hw, LOOP_ELEMENTS_PER_THREAD)
     stages = _pipeline_stages(block_c * block_hw * element_bytes, _programs_per_sm(num_warps), device)
-    return _GroupTiling(splits, per_split, block_c, block_hw, num_warps, stages)
+    return _GroupTiling(splits, per_split, pieces, block_c, block_hw, num_warps, stages)
 
 
 def _group_parts(programs: int, per_split: int, HW: int, block_c: int, block_hw: int,
@@ -2468,16 +2492,18 @@ def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict
 
 
 def _group_forward_tiling(x, num_groups) -> _GroupTiling:
-    """The forward's plan for x (its splits size the stats tensor)."""
+    """The forward's plan for x (its splits and pieces size the stats tensor)."""
     B, C = x.shape[:2]
     return _group_tiling(B, C, math.prod(x.shape[2:]), num_groups, _element_bytes(x), x.device)
 
 
 def _group_norm_outputs(x, num_groups, t: _GroupTiling):
     """What `group_norm_forward` returns, allocated: y like x (contiguous), and
-    stats, (B * G, 2 + 2 S) fp32: mean, rstd, then S (mean, m2) pairs of the
-    splits of plan `t` (a scratch the backward reads S from)."""
-    stats = torch.empty((x.shape[0] * num_groups, 2 + 2 * t.splits), dtype=torch.float32, device=x.device)
+    stats, (B * G, 2 + 2 S p) fp32: mean, rstd, then S p (mean, m2) pairs of
+    the p = t.pieces pieces of each of the S splits of plan `t` (a scratch
+    the backward's split sums reuse)."""
+    stats = torch.empty((x.shape[0] * num_groups, 2 + 2 * t.splits * t.pieces), dtype=torch.float32,
+                        device=x.device)
     return _empty_like(x), stats
 
 
@@ -2504,23 +2530,25 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     def launch(parts=1, **passes):
         _group_norm_fwd_kernel[(B * num_groups * t.splits * parts,)](
             x3, y, _vector(weight), _vector(bias), stats, C, HW, C // num_groups, t.channels_per_split,
-            t.splits, parts, stats.stride(0), float(eps), HAS_W=weight is not None, HAS_B=bias is not None,
-            BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
+            t.splits, t.pieces, parts, stats.stride(0), float(eps), HAS_W=weight is not None,
+            HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages,
+            num_warps=t.num_warps, **passes)
 
     parts = _group_parts(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device)
     segment = t.channels_per_split * HW   # a split's elements, contiguous
-    if t.splits == 1:
+    if t.splits == t.pieces == 1:
         launch(DO_STATS=True, DO_APPLY=True)
     elif (C // num_groups) % t.channels_per_split == 0 and segment > ROW_BLOCK_MAX:
-        # Equal splits of long segments: their statistics by the long-row
-        # forward's pass 1 (APPLY=False), one program per segment; the merge
-        # and y by GroupNorm's kernel.
-        plan = _row_tiling(B * num_groups * t.splits, segment)
-        _long_row_norm_fwd_kernel[(B * num_groups * t.splits,)](
-            x3, None, None, y, None, None, stats[:, 2], stats[:, 3], segment, 0, 0, 0, stats.stride(0), 1,
-            float(eps), N=segment, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
-            BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(segment, 2), HW=0, APPLY=False, SPLITS=t.splits,
-            num_warps=plan.num_warps)
+        # Equal splits of long segments: the statistics of their pieces by the
+        # long-row forward's pass 1 (APPLY=False), one program per piece; the
+        # merge and y by GroupNorm's kernel.
+        piece, programs = segment // t.pieces, B * num_groups * t.splits * t.pieces
+        plan = _row_tiling(programs, piece)
+        _long_row_norm_fwd_kernel[(programs,)](
+            x3, None, None, y, None, None, stats[:, 2], stats[:, 3], piece, 0, 0, 0, stats.stride(0), 1,
+            float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
+            BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
+            SPLITS=t.splits * t.pieces, num_warps=plan.num_warps)
         launch(parts, DO_STATS=False, DO_APPLY=True)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
@@ -2561,24 +2589,35 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     else:
         t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
                           GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
-        splits = (stats.shape[1] - 2) // 2   # the forward's choice, which sized the stats tensor
-        per_split = _cdiv(C // num_groups, splits)
+        # The spare columns of the stats tensor (the forward's S * pieces
+        # pairs, planned for the same SM count) are the sums launch's scratch,
+        # a pair per program: with w and b frozen, `pieces` runs per split
+        # (per-lane sums), else whole splits (A and D need whole channels).
+        room = (stats.shape[1] - 2) // 2
+        if stats.shape[0] != B * num_groups or room < 1:
+            raise ValueError(f"stats: expected the ({B * num_groups}, 2 + 2 S) tensor that group_norm_forward "
+                             f"returns for this x, got {tuple(stats.shape)}")
+        Cg, per_split, splits = C // num_groups, t.channels_per_split, t.splits
+        if splits > room:   # a tensor planned for another SM count: fewer, wider splits
+            per_split = _cdiv(Cg, room)
+            splits = _cdiv(Cg, per_split)
+        sum_runs = 1 if compute_dw or compute_db else max(1, min(t.pieces, room // splits))
         block_c = min(t.block_c, _pow2(per_split))
 
-        def launch(parts=1, **passes):
+        def launch(parts, pairs, **passes):
             _group_norm_bwd_kernel[(B * num_groups * splits * parts,)](
-                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, C // num_groups, per_split,
-                splits, parts, stats.stride(0), HAS_W=weight is not None, COMPUTE_DX=compute_dx,
-                COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=block_c, BLOCK_HW=t.block_hw,
-                STAGES=t.stages, num_warps=t.num_warps, **passes)
+                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, Cg, per_split, splits,
+                pairs, parts, stats.stride(0), HAS_W=weight is not None,
+                COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=block_c,
+                BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
 
-        if compute_dx and splits == 1:
-            launch(DO_SUMS=True, DO_DX=True)
+        if compute_dx and splits == t.pieces == 1:
+            launch(1, 1, DO_SUMS=True, DO_DX=True)
         else:
-            launch(DO_SUMS=True, DO_DX=False)
+            launch(sum_runs, 1, DO_SUMS=True, DO_DX=False)
             if compute_dx:
                 launch(_group_parts(B * num_groups * splits, per_split, HW, block_c, t.block_hw, x.device),
-                       DO_SUMS=False, DO_DX=True)
+                       sum_runs, DO_SUMS=False, DO_DX=True)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 

@@ -1147,26 +1147,33 @@ def test_group_norm_split_statistics(shape, shift, dtype, monkeypatch):
 
 def test_group_norm_split_runs_plan():
     """Where whole channels leave fewer splits than GROUP_PROGRAMS_PER_SM per
-    SM, the launch that writes y (forward) or dx (backward) cuts each split
-    into runs of tiles: the nearest whole number of runs to that target
-    (H200's 132 SMs: 264 programs; meta tensors)."""
+    SM, the statistics launch takes pieces of the splits (a power of two of
+    them, at most that many programs), the launch that writes y (forward)
+    or dx (backward) runs of their tiles (the nearest whole number to that
+    many), and a frozen backward's sums launch as many runs as pieces (H200's
+    132 SMs: 264 programs; meta tensors)."""
     from bench_frozen_norm import recording
 
-    def grids(C, HW):
+    def grids(C, HW, trained=False):
         x = torch.empty(1, C, HW, device="meta", dtype=torch.bfloat16)
         w = x[0, :, 0]
         with recording() as rec:
             _, stats = fn.group_norm_forward(x, 32, w, w)
-            fn.group_norm_backward(x, x, 32, w, w, stats, compute_dw=False, compute_db=False)
-        return [(lc.name, lc.grid[0]) for lc in rec.launches]
-    # 4 channels a group: 4 splits of 32 rows, 128 programs; 2 runs each.
-    assert grids(128, 512 * 512) == [("_long_row_norm_fwd_kernel", 128), ("_group_norm_fwd_kernel", 256),
-                                     ("_group_norm_bwd_kernel", 128), ("_group_norm_bwd_kernel", 256)]
-    # 3 channels: 96 splits, 3 runs each (264 / 96 = 2.75).
-    assert [g for _, g in grids(96, 512 * 512)] == [96, 288, 96, 288]
-    # 16 channels: 8 splits of 2, 256 programs, whole; 20 channels: 7 splits of 3, 224, whole.
+            fn.group_norm_backward(x, x, 32, w, w, stats, compute_dw=trained, compute_db=trained)
+        return [(lc.name[1:-7], lc.grid[0]) for lc in rec.launches if lc.name != "_sum_partials_kernel"]
+    # 4 channels a group: 4 splits of 32 rows, 128 programs; 2 pieces and 2 runs each.
+    assert grids(128, 512 * 512) == [("long_row_norm_fwd", 256), ("group_norm_fwd", 256),
+                                     ("group_norm_bwd", 256), ("group_norm_bwd", 256)]
+    # 3 channels: 96 splits, 2 pieces and 3 runs each (264 / 96 = 2.75).
+    assert [g for _, g in grids(96, 512 * 512)] == [192, 288, 192, 288]
+    # One channel: one split a row, 32 programs; 8 pieces and 8 runs. With w and
+    # b trained the sums (per channel) keep whole splits.
+    assert [g for _, g in grids(32, 512 * 512)] == [256, 256, 256, 256]
+    assert [g for _, g in grids(32, 512 * 512, trained=True)] == [256, 256, 32, 256]
+    # 16 channels: 8 splits of 2, 256 programs, whole; 20 channels: 7 unequal splits of 3, 224, whole.
     assert [g for _, g in grids(512, 256 * 256)] == [256, 256, 256, 256]
-    assert [g for _, g in grids(640, 128 * 128)] == [224, 224, 224, 224]
+    assert grids(640, 128 * 128) == [("group_norm_fwd", 224), ("group_norm_fwd", 224),
+                                     ("group_norm_bwd", 224), ("group_norm_bwd", 224)]
 
 
 @pytest.mark.parametrize("shape, long_stats", [((1, 4, 30, 50), False), ((1, 2, 25, 41), False),
@@ -1204,6 +1211,49 @@ def test_group_norm_split_runs(shape, long_stats, dtype, monkeypatch):
     ref.backward(dy.double().cpu())
     for got, want in zip(runs, (ref, x64.grad, w64.grad, b64.grad, x64.grad)):
         assert rel_error(got, want) < 2 * TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("shape, plan", [((1, 1, 16, 32), (1, 4, 2)), ((1, 2, 24, 32), (2, 2, 3))],
+                         ids=["one-channel", "two-channels"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shift", [0.0, 1000.0], ids=["centred", "large-mean"])
+def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
+    """Groups of one or two channels and one row (3 SMs in the interpreter,
+    segments longer than ROW_BLOCK_MAX, patched to 64): the statistics in
+    pieces of the splits (S splits, p pieces, r runs of tiles of 256 for y
+    and dx; the pieces and runs do not line up), the frozen backward's sums
+    in p runs, the trained one's in whole splits. Forward and both backwards
+    near float64, with a mean far from zero too (the pieces' moments merge
+    as the splits' do)."""
+    monkeypatch.setattr(fn, "_num_sms", lambda device: 3)
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "GROUP_TILE_ELEMENTS", 256)
+    B, C, HW = shape[0], shape[1], shape[2] * shape[3]
+    assert not _takes_long_rows(shape, 1)
+    t = fn._group_tiling(B, C, HW, 1, 4, torch.device(DEVICE))
+    parts = fn._group_parts(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, torch.device(DEVICE))
+    assert (t.splits, t.pieces, parts) == plan
+    x = randn(*shape, shift=shift, dtype=dtype).requires_grad_()
+    w, b = randn(C, shift=1.0, dtype=dtype).requires_grad_(), randn(C, dtype=dtype).requires_grad_()
+    dy = randn(*shape, dtype=dtype)
+    y = fn.group_norm(x, 1, w, b)
+    trained = torch.autograd.grad(y, (x, w, b), dy)
+    frozen = torch.autograd.grad(fn.group_norm(x, 1, w.detach(), b.detach()), x, dy)
+    x64, w64, b64 = (v.detach().double().cpu().requires_grad_() for v in (x, w, b))
+    ref = fn.group_norm_reference(x64, 1, w64, b64)
+    ref.backward(dy.double().cpu())
+    tolerance = max(1e-3 if shift else 0.0, 2 * TOLERANCE[dtype])
+    for got, want in zip((y, *trained, *frozen), (ref, x64.grad, w64.grad, b64.grad, x64.grad)):
+        assert rel_error(got, want) < tolerance
+
+
+def test_group_norm_backward_checks_stats():
+    """The low-level backward takes the statistics of group_norm_forward for
+    the same x: a tensor of another shape is refused before any launch."""
+    x = randn(1, 4, 9, 9)
+    _, stats = fn.group_norm_forward(x, 2)
+    with pytest.raises(ValueError, match="stats"):
+        fn.group_norm_backward(x, x, 2, None, None, stats[:, :2])
 
 
 def test_group_norm_long_rows_allocations(monkeypatch):
