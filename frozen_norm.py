@@ -2341,10 +2341,12 @@ def _group_norm_bwd_kernel(
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
     Grid and pointers as `_group_norm_fwd_kernel`: `parts` programs per split,
-    each on one run of the split's tiles, in the DO_DX-only launch and, with
-    w and b frozen, in the DO_SUMS-only launch; DWp and DBp are contiguous
-    (B, C) fp32, or with B = 1 dw and db themselves (`_sum_targets`), and
-    receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy, in their dtype.
+    each on one run of the split's tiles, in the DO_DX-only launch and in
+    the DO_SUMS-only launch (there, with w or b trained, only for splits of
+    one channel in [1, BLOCK_HW] tiles). DWp and DBp are contiguous (B *
+    parts, C) fp32, or with one row dw and db themselves (`_sum_targets`),
+    and receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy, in their
+    dtype: a run's share in row (sample * parts + part).
     Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
 
     Launch modes (S = 1 and no pieces: one launch; else, or no dx wanted: two or one):
@@ -2383,10 +2385,17 @@ def _group_norm_bwd_kernel(
         sum_xhat_g = tl.sum(tl.sum(acc_xc_g, axis=1), axis=0) * rstd
         sum_g = tl.sum(tl.sum(acc_g, axis=1), axis=0)
     elif DO_SUMS:
+        # A and D of the split's channels, into row (sample * parts + part) of
+        # DWp and DBp. With runs (parts > 1, splits of one channel in [1,
+        # BLOCK_HW] tiles), a run's share of its channel: positions [lo, hi).
+        # With parts = 1, lo = 0 and hi = HW.
         first = base + c_lo.to(tl.int64) * HW   # the split's first element
+        t_lo, t_hi = _group_part(part, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
+        lo, hi = t_lo * BLOCK_HW, tl.minimum(t_hi * BLOCK_HW, HW)
+        out = ((row // (C // Cg)).to(tl.int64) * parts + part) * C + c_lo
         sum_xhat_g, sum_g = _group_channel_sums(
-            X + first, DY + first, W, DWp, DBp, c_lo, row.to(tl.int64) * Cg + split * channels_per_split,
-            c_hi - c_lo, HW, mean, rstd, HAS_W, COMPUTE_DW, COMPUTE_DB, BLOCK_C, BLOCK_HW, STAGES, "")
+            X + first + lo, DY + first + lo, W, DWp, DBp, c_lo, out, c_hi - c_lo, hi - lo, mean, rstd,
+            HAS_W, COMPUTE_DW, COMPUTE_DB, BLOCK_C, BLOCK_HW, STAGES, "")
     else:
         sum_xhat_g = tl.load(stats_row + 2)
         sum_g = tl.load(stats_row + 3)
@@ -2562,7 +2571,8 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     not computed or has no parameter. `bias` gives db its shape and dtype; the
     kernels do not read it.
 
-    Scratch: a (B, C) fp32 buffer per trained parameter, summed over B by
+    Scratch: a (B * runs, C) fp32 buffer per trained parameter (runs: of a
+    split of one channel, few rows), summed over its rows by
     `_reduce_partials`. With w and b frozen, nothing but dx.
     """
     B, C = x.shape[:2]
@@ -2572,7 +2582,6 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     compute_dw, compute_db = dw is not None, db is not None   # none without the parameter
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
-    dw_partial, db_partial = _sum_targets(B, dw, db)
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
@@ -2581,6 +2590,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
             long_rows = _wide_chunks(long_rows, x, B * num_groups, C // num_groups * HW)
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
         L = meta["N"]
+        dw_partial, db_partial = _sum_targets(B, dw, db)
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
@@ -2591,8 +2601,9 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
                           GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
         # The spare columns of the stats tensor (the forward's S * pieces
         # pairs, planned for the same SM count) are the sums launch's scratch,
-        # a pair per program: with w and b frozen, `pieces` runs per split
-        # (per-lane sums), else whole splits (A and D need whole channels).
+        # a pair per program: `pieces` runs of tiles per split with w and b
+        # frozen (per-lane sums), and with either trained where a split is
+        # one channel (A and D are per channel), else whole splits.
         room = (stats.shape[1] - 2) // 2
         if stats.shape[0] != B * num_groups or room < 1:
             raise ValueError(f"stats: expected the ({B * num_groups}, 2 + 2 S) tensor that group_norm_forward "
@@ -2601,7 +2612,11 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         if splits > room:   # a tensor planned for another SM count: fewer, wider splits
             per_split = _cdiv(Cg, room)
             splits = _cdiv(Cg, per_split)
-        sum_runs = 1 if compute_dw or compute_db else max(1, min(t.pieces, room // splits))
+        sum_runs = max(1, min(t.pieces, room // splits))
+        if (compute_dw or compute_db) and per_split > 1:
+            sum_runs = 1   # A and D per channel: runs only within one channel
+        # Each run leaves its own row of dw and db sums: B * runs rows.
+        dw_partial, db_partial = _sum_targets(B * sum_runs, dw, db)
         block_c = min(t.block_c, _pow2(per_split))
 
         def launch(parts, pairs, **passes):

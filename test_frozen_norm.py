@@ -1150,8 +1150,9 @@ def test_group_norm_split_runs_plan():
     SM, the statistics launch takes pieces of the splits (a power of two of
     them, at most that many programs), the launch that writes y (forward)
     or dx (backward) runs of their tiles (the nearest whole number to that
-    many), and a frozen backward's sums launch as many runs as pieces (H200's
-    132 SMs: 264 programs; meta tensors)."""
+    many), and the backward's sums launch as many runs as pieces, with w or
+    b trained where a split is one channel (H200's 132 SMs: 264 programs;
+    meta tensors)."""
     from bench_frozen_norm import recording
 
     def grids(C, HW, trained=False):
@@ -1166,10 +1167,18 @@ def test_group_norm_split_runs_plan():
                                      ("group_norm_bwd", 256), ("group_norm_bwd", 256)]
     # 3 channels: 96 splits, 2 pieces and 3 runs each (264 / 96 = 2.75).
     assert [g for _, g in grids(96, 512 * 512)] == [192, 288, 192, 288]
-    # One channel: one split a row, 32 programs; 8 pieces and 8 runs. With w and
-    # b trained the sums (per channel) keep whole splits.
+    # One channel: one split a row, 32 programs; 8 pieces and 8 runs, w and b
+    # trained too (each run's A and D a row of their own: 8 rows of dw and db).
     assert [g for _, g in grids(32, 512 * 512)] == [256, 256, 256, 256]
-    assert [g for _, g in grids(32, 512 * 512, trained=True)] == [256, 256, 32, 256]
+    assert [g for _, g in grids(32, 512 * 512, trained=True)] == [256, 256, 256, 256]
+    x = torch.empty(1, 32, 512 * 512, device="meta", dtype=torch.bfloat16)
+    with recording():
+        _, stats = fn.group_norm_forward(x, 32, x[0, :, 0], x[0, :, 0])
+    with recording() as rec:
+        fn.group_norm_backward(x, x, 32, x[0, :, 0], x[0, :, 0], stats)
+    assert [lc.name for lc in rec.launches] == ["_group_norm_bwd_kernel", "_group_norm_bwd_kernel",
+                                                "_sum_partials_kernel"]
+    assert rec.allocations.count(((8, 32), torch.float32, 8 * 32 * 4)) == 2, rec.allocations
     # 16 channels: 8 splits of 2, 256 programs, whole; 20 channels: 7 unequal splits of 3, 224, whole.
     assert [g for _, g in grids(512, 256 * 256)] == [256, 256, 256, 256]
     assert grids(640, 128 * 128) == [("group_norm_fwd", 224), ("group_norm_fwd", 224),
@@ -1213,20 +1222,23 @@ def test_group_norm_split_runs(shape, long_stats, dtype, monkeypatch):
         assert rel_error(got, want) < 2 * TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("shape, plan", [((1, 1, 16, 32), (1, 4, 2)), ((1, 2, 24, 32), (2, 2, 3))],
-                         ids=["one-channel", "two-channels"])
+@pytest.mark.parametrize("shape, plan", [((1, 1, 16, 32), (1, 4, 2)), ((1, 2, 24, 32), (2, 2, 3)),
+                                         ((2, 1, 16, 32), (1, 2, 2))],
+                         ids=["one-channel", "two-channels", "two-samples"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shift", [0.0, 1000.0], ids=["centred", "large-mean"])
 def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
-    """Groups of one or two channels and one row (3 SMs in the interpreter,
-    segments longer than ROW_BLOCK_MAX, patched to 64): the statistics in
-    pieces of the splits (S splits, p pieces, r runs of tiles of 256 for y
-    and dx; the pieces and runs do not line up), the frozen backward's sums
-    in p runs, the trained one's in whole splits. Forward and both backwards
+    """Groups of one or two channels and one or two rows (3 SMs in the
+    interpreter, segments longer than ROW_BLOCK_MAX, patched to 64): the
+    statistics in pieces of the splits (S splits, p pieces, r runs of tiles
+    of 256 for y and dx; the pieces and runs do not line up), the
+    backward's sums in p runs, frozen and trained (splits of one channel:
+    each run's A and D a row of dw and db sums). Forward and both backwards
     near float64, with a mean far from zero too (the pieces' moments merge
     as the splits' do)."""
     monkeypatch.setattr(fn, "_num_sms", lambda device: 3)
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 10)
     monkeypatch.setattr(fn, "GROUP_TILE_ELEMENTS", 256)
     B, C, HW = shape[0], shape[1], shape[2] * shape[3]
     assert not _takes_long_rows(shape, 1)
