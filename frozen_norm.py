@@ -2185,10 +2185,11 @@ class LayerNorm(torch.nn.LayerNorm):
 # splits are too few (a group of one channel is one split), one per piece:
 # each split cut into `pieces` equal contiguous pieces. The backward's first
 # launch takes as many runs of tiles per split where w and b are frozen (its
-# sums are per lane), whole splits where either trains (per channel). The
-# statistics tensor is (B * G, 2 + 2 S pieces) fp32: mean, rstd, then two
-# floats per piece. It is allocated by the forward, so the split backward,
-# too, allocates nothing but dx.
+# sums are per lane) or a split is one channel (A and D are per channel, and
+# each run leaves its share in a row of its own). The statistics tensor is
+# (B * G, 2 + 2 S pieces) fp32: mean, rstd, then two floats per piece. It is
+# allocated by the forward, so the split backward, too, allocates nothing
+# but dx when w and b are frozen.
 
 
 def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -2436,7 +2437,7 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
 
     With few rows, equal splits longer than 2 x ROW_BLOCK_MAX are cut again
     into `pieces` (a power of two) equal contiguous pieces for the forward's
-    statistics launch (and a frozen backward's sums), while that keeps the
+    statistics launch (and runs for the backward's sums), while that keeps the
     programs at most GROUP_PROGRAMS_PER_SM per SM: whole channels make
     too few splits where a group has few of them (one channel: one split)."""
     Cg = C // G
