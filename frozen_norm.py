@@ -2333,7 +2333,7 @@ def _group_norm_fwd_kernel(
 
 @triton.jit
 def _group_norm_bwd_kernel(
-    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, >= 2 + 2S*pairs); DWp, DBp: (B, C) fp32
+    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, >= 2 + 2S); DWp, DBp: (B*parts, C)
     C, HW, Cg, channels_per_split, S, pairs, parts, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
