@@ -1220,10 +1220,11 @@ def _long_row_norm_fwd_kernel(
     (row % G) * Cg; PRESUM divides HW. Mean and Rstd are then columns of the
     (B * G, 2 + 2S) statistics, of row stride stride_stats (else 1).
     APPLY False removes pass 2: GroupNorm's split statistics (section 7),
-    where a "row" is one of the SPLITS segments (channel ranges) of a
-    (sample, group) row, and Mean, Rstd point at the first split's two
-    floats in the statistics: segment row stores its mean and m2 (not rstd)
-    to split row % SPLITS of statistics row row // SPLITS. Else SPLITS = 1.
+    where a "row" is one of the SPLITS equal segments (channel ranges, or
+    pieces of them) of a (sample, group) row, and Mean, Rstd point at the
+    first segment's two floats in the statistics: segment row stores its
+    mean and m2 (not rstd) to pair row % SPLITS of statistics row row //
+    SPLITS. Else SPLITS = 1.
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
