@@ -1218,7 +1218,7 @@ def _long_row_norm_fwd_kernel(
     positions per channel: a row is one (sample, group), N = Cg * HW, and w
     and b are per channel (`_affine_index`), from the group's first channel,
     (row % G) * Cg; PRESUM divides HW. Mean and Rstd are then columns of the
-    (B * G, 2 + 2S) statistics, of row stride stride_stats (else 1).
+    (B * G, 2 + 2S pieces) statistics, of row stride stride_stats (else 1).
     APPLY False removes pass 2: GroupNorm's split statistics (section 7),
     where a "row" is one of the SPLITS equal segments (channel ranges, or
     pieces of them) of a (sample, group) row, and Mean, Rstd point at the
