@@ -1262,10 +1262,12 @@ def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
 def test_group_norm_backward_checks_stats():
     """The low-level backward takes the statistics of group_norm_forward for
     the same x: a tensor of another shape is refused before any launch."""
+    from bench_frozen_norm import recording
     x = randn(1, 4, 9, 9)
     _, stats = fn.group_norm_forward(x, 2)
-    with pytest.raises(ValueError, match="stats"):
+    with recording() as rec, pytest.raises(ValueError, match="stats"):
         fn.group_norm_backward(x, x, 2, None, None, stats[:, :2])
+    assert rec.launches == []
 
 
 def test_group_norm_long_rows_allocations(monkeypatch):
