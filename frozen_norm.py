@@ -31,6 +31,10 @@ What you will learn by reading it
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
   compile-time constant, as torch.compile's generated kernels do.
+* Filling the GPU when a tensor has fewer rows than SMs (GroupNorm, small
+  batches): each row split over programs, by channels and by pieces of
+  them, in two launches, the partial moments merged by Chan's formula, and
+  the second, elementwise launch cut into as many runs as fill the SMs.
 * Two kernels side by side on two CUDA streams, so that one finds in L2 what
   the other read (the dw/db kernel of long rows beside their dx kernel), and
   why that pays only where they start together: in a CUDA graph.
