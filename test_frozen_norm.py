@@ -1145,6 +1145,29 @@ def test_group_norm_split_statistics(shape, shift, dtype, monkeypatch):
     check_op(OPS["gn"], shape, dtype, ALL_TRAIN["gn"], {"x": True}, 1)
 
 
+def _group_split_case(shape, dtype, shift, plan_of):
+    """GroupNorm of one group (a row per sample) on random inputs of `shape`:
+    hands its plan to `plan_of(tiling, runs)` for the caller to check, and
+    returns run(), which gives y, the trained dx, dw, db and the frozen dx,
+    and the float64 reference of each."""
+    B, C, HW = shape[0], shape[1], shape[2] * shape[3]
+    t = fn._group_tiling(B, C, HW, 1, 4, torch.device(DEVICE))
+    plan_of(t, fn._group_parts(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw,
+                               torch.device(DEVICE)))
+    x = randn(*shape, shift=shift, dtype=dtype).requires_grad_()
+    w, b = randn(C, shift=1.0, dtype=dtype).requires_grad_(), randn(C, dtype=dtype).requires_grad_()
+    dy = randn(*shape, dtype=dtype)
+
+    def run():
+        out = [fn.group_norm(x, 1, w, b)]
+        out += torch.autograd.grad(out[0], (x, w, b), dy)
+        return out + list(torch.autograd.grad(fn.group_norm(x, 1, w.detach(), b.detach()), x, dy))
+    x64, w64, b64 = (v.detach().double().cpu().requires_grad_() for v in (x, w, b))
+    ref = fn.group_norm_reference(x64, 1, w64, b64)
+    ref.backward(dy.double().cpu())
+    return run, (ref, x64.grad, w64.grad, b64.grad, x64.grad)
+
+
 def test_group_norm_split_runs_plan():
     """Where whole channels leave fewer splits than GROUP_PROGRAMS_PER_SM per
     SM, the statistics launch takes pieces of the splits (a power of two of
@@ -1199,26 +1222,14 @@ def test_group_norm_split_runs(shape, long_stats, dtype, monkeypatch):
     monkeypatch.setattr(fn, "GROUP_TILE_ELEMENTS", 256)
     if long_stats:
         monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
-    B, C, HW = shape[0], shape[1], shape[2] * shape[3]
-    t = fn._group_tiling(B, C, HW, 1, 4, torch.device(DEVICE))
-    parts = fn._group_parts(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, torch.device(DEVICE))
-    assert (t.splits, parts) == ((4, 2) if C == 4 else (2, 3))
-    x = randn(*shape, shift=0.5, dtype=dtype).requires_grad_()
-    w, b = randn(C, shift=1.0, dtype=dtype).requires_grad_(), randn(C, dtype=dtype).requires_grad_()
-    dy = randn(*shape, dtype=dtype)
-
-    def run():
-        out = [fn.group_norm(x, 1, w, b)]
-        out += torch.autograd.grad(out[0], (x, w, b), dy)
-        return out + list(torch.autograd.grad(fn.group_norm(x, 1, w.detach(), b.detach()), x, dy))
+    def plan_of(t, runs):
+        assert (t.splits, runs) == ((4, 2) if shape[1] == 4 else (2, 3))
+    run, refs = _group_split_case(shape, dtype, 0.5, plan_of)
     runs = run()
     monkeypatch.setattr(fn, "_group_parts", lambda *args: 1)
     for got, whole in zip(runs, run()):
         assert torch.equal(got, whole)
-    x64, w64, b64 = (v.detach().double().cpu().requires_grad_() for v in (x, w, b))
-    ref = fn.group_norm_reference(x64, 1, w64, b64)
-    ref.backward(dy.double().cpu())
-    for got, want in zip(runs, (ref, x64.grad, w64.grad, b64.grad, x64.grad)):
+    for got, want in zip(runs, refs):
         assert rel_error(got, want) < 2 * TOLERANCE[dtype]
 
 
@@ -1240,22 +1251,13 @@ def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 10)
     monkeypatch.setattr(fn, "GROUP_TILE_ELEMENTS", 256)
-    B, C, HW = shape[0], shape[1], shape[2] * shape[3]
     assert not _takes_long_rows(shape, 1)
-    t = fn._group_tiling(B, C, HW, 1, 4, torch.device(DEVICE))
-    parts = fn._group_parts(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, torch.device(DEVICE))
-    assert (t.splits, t.pieces, parts) == plan
-    x = randn(*shape, shift=shift, dtype=dtype).requires_grad_()
-    w, b = randn(C, shift=1.0, dtype=dtype).requires_grad_(), randn(C, dtype=dtype).requires_grad_()
-    dy = randn(*shape, dtype=dtype)
-    y = fn.group_norm(x, 1, w, b)
-    trained = torch.autograd.grad(y, (x, w, b), dy)
-    frozen = torch.autograd.grad(fn.group_norm(x, 1, w.detach(), b.detach()), x, dy)
-    x64, w64, b64 = (v.detach().double().cpu().requires_grad_() for v in (x, w, b))
-    ref = fn.group_norm_reference(x64, 1, w64, b64)
-    ref.backward(dy.double().cpu())
+
+    def plan_of(t, runs):
+        assert (t.splits, t.pieces, runs) == plan
+    run, refs = _group_split_case(shape, dtype, shift, plan_of)
     tolerance = max(1e-3 if shift else 0.0, 2 * TOLERANCE[dtype])
-    for got, want in zip((y, *trained, *frozen), (ref, x64.grad, w64.grad, b64.grad, x64.grad)):
+    for got, want in zip(run(), refs):
         assert rel_error(got, want) < tolerance
 
 
