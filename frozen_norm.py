@@ -452,7 +452,9 @@ PARTIAL_FOLD_ROWS = 1024
 # that two share an SM; 8192 and 16384 measured slower), and the programs per
 # SM to aim for when a batch has fewer (sample, group) rows than SMs: each row
 # is then split over several programs by channels, and where the channels run
-# short, the launch that writes y (or dx) cuts each split into runs of tiles.
+# short, the statistics (and the backward's sums) take pieces of the splits
+# and the launch that writes y (or dx) runs of their tiles (`_group_tiling`,
+# `_group_parts`).
 GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
 # GroupNorm backward with dw or db: channels a tile spans at least. The
