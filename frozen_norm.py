@@ -454,7 +454,7 @@ PARTIAL_FOLD_ROWS = 1024
 # is then split over several programs by channels, and where the channels run
 # short, the statistics (and the backward's sums) take pieces of the splits
 # and the launch that writes y (or dx) runs of their tiles (`_group_tiling`,
-# `_group_parts`).
+# `_group_runs`).
 GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
 # GroupNorm backward with dw or db: channels a tile spans at least. The
@@ -2186,7 +2186,7 @@ class LayerNorm(torch.nn.LayerNorm):
 # tensor, the second merges them. The second one's work (y, or dx) is
 # elementwise once the statistics are known, so where whole channels leave
 # too few splits it cuts each split into runs of tiles, one program per run
-# (`_group_parts`). In the forward, equal splits longer than
+# (`_group_runs`). In the forward, equal splits longer than
 # ROW_BLOCK_MAX (each a contiguous segment) take their statistics from the
 # long-row forward's pass 1 instead, one program per segment, or where the
 # splits are too few (a group of one channel is one split), one per piece:
@@ -2212,14 +2212,15 @@ def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
 
 @triton.jit
 def _group_row(pid, S, C, HW, Cg, channels_per_split):
-    """Where program `pid` works: its row, split, sample offset and channel range."""
+    """Where split `pid` lies: its (sample, group) row, sample, split within the
+    row, the sample's first element and the split's channels [c_lo, c_hi)."""
     row = pid // S
     split = pid % S
     G = C // Cg
+    sample = row // G
     c_lo = (row % G) * Cg + split * channels_per_split
     c_hi = tl.minimum(c_lo + channels_per_split, (row % G) * Cg + Cg)
-    base = (row // G).to(tl.int64) * C * HW
-    return row, split, base, c_lo, c_hi
+    return row, sample, split, sample.to(tl.int64) * C * HW, c_lo, c_hi
 
 
 @triton.jit
@@ -2242,10 +2243,10 @@ def _group_num_tiles(c_lo, c_hi, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constex
 
 
 @triton.jit
-def _group_part(part, parts, num_tiles):
-    """Tiles [t_lo, t_hi) of part `part` of a split's num_tiles tiles cut
-    into `parts` nearly equal runs (the second launch, `_group_parts`)."""
-    return part * num_tiles // parts, (part + 1) * num_tiles // parts
+def _group_run(run, runs, num_tiles):
+    """Tiles [t_lo, t_hi) of run `run` of a split's num_tiles tiles cut into
+    `runs` nearly equal runs (`_group_runs`); all of them for runs = 1."""
+    return run * num_tiles // runs, (run + 1) * num_tiles // runs
 
 
 @triton.jit
@@ -2261,7 +2262,7 @@ def _group_load_x_g(X, DY, W, c, offs, mask, c_hi, HAS_W: tl.constexpr):
 @triton.jit
 def _group_norm_fwd_kernel(
     X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, 2 + 2S*pieces) fp32
-    C, HW, Cg, channels_per_split, S, pieces, parts, stats_stride, eps,
+    C, HW, Cg, channels_per_split, S, pieces, runs, stats_stride, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     STAGES: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
 ):
@@ -2269,9 +2270,9 @@ def _group_norm_fwd_kernel(
 
     Grid: (B * G * S,); program p handles split p % S of row p // S: channels
     [c_lo, c_hi) of that row, all HW positions, in [BLOCK_C, BLOCK_HW] tiles.
-    The DO_APPLY-only launch has `parts` programs per split, (B * G * S *
-    parts,): each writes y for one run of the split's tiles (`_group_part`);
-    parts = 1 in the other modes.
+    The DO_APPLY-only launch has `runs` programs per split, (B * G * S *
+    runs,): each writes y for one run of the split's tiles (`_group_run`);
+    runs = 1 in the other modes.
     Pointers: X, Y contiguous (B, C, HW); W, B (C,); Stats (B*G, stats_stride)
     fp32 holding mean, rstd and 2 partial floats (mean, m2) per statistics
     piece: S * pieces of them, each of a split's pieces (equal, contiguous)
@@ -2293,16 +2294,16 @@ def _group_norm_fwd_kernel(
     pid = tl.program_id(0)
     if not DO_STATS:
         pid = tl.num_programs(0) - 1 - pid
-    part = pid % parts
-    row, split, base, c_lo, c_hi = _group_row(pid // parts, S, C, HW, Cg, channels_per_split)
+    run = pid % runs
+    row, _sample, split, base, c_lo, c_hi = _group_row(pid // runs, S, C, HW, Cg, channels_per_split)
+    t_lo, t_hi = _group_run(run, runs, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
     eps = tl.cast(eps, tl.float32)
     stats_row = Stats + row.to(tl.int64) * stats_stride
-    num_tiles = _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
     if DO_STATS:
         mean = tl.full([], 0.0, tl.float32)
         m2 = mean
         count = mean
-        for t in tl.range(0, num_tiles, num_stages=STAGES):
+        for t in tl.range(t_lo, t_hi, num_stages=STAGES):
             _, offs, mask, n_b = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x = tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32)
             mean_b = tl.sum(x) / n_b
@@ -2324,10 +2325,9 @@ def _group_norm_fwd_kernel(
             count += n_b
     if DO_APPLY:
         rstd = 1.0 / tl.sqrt(m2 / (Cg * HW) + eps)
-        if (split == 0) & (part == 0):
+        if (split == 0) & (run == 0):
             tl.store(stats_row, mean)
             tl.store(stats_row + 1, rstd)
-        t_lo, t_hi = _group_part(part, parts, num_tiles)
         for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
             c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
@@ -2340,28 +2340,28 @@ def _group_norm_fwd_kernel(
 
 @triton.jit
 def _group_norm_bwd_kernel(
-    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, >= 2 + 2S); DWp, DBp: (B*parts, C)
-    C, HW, Cg, channels_per_split, S, pairs, parts, stats_stride,
+    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, >= 2 + 2S); DWp, DBp: (B*runs, C)
+    C, HW, Cg, channels_per_split, S, pairs, runs, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
     DO_DX: tl.constexpr,
 ):
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
-    Grid and pointers as `_group_norm_fwd_kernel`: `parts` programs per split,
+    Grid and pointers as `_group_norm_fwd_kernel`: `runs` programs per split,
     each on one run of the split's tiles, in the DO_DX-only launch and in
     the DO_SUMS-only launch (there, with w or b trained, only for splits of
     one channel in [1, BLOCK_HW] tiles). DWp and DBp are contiguous (B *
-    parts, C) fp32, or with one row dw and db themselves (`_sum_targets`),
+    runs, C) fp32, or with one row dw and db themselves (`_sum_targets`),
     and receive A[c] = sum_hw dy * xhat and D[c] = sum_hw dy, in their
-    dtype: a run's share in row (sample * parts + part).
+    dtype: a run's share in row (sample * runs + run).
     Dtypes: DX is X's dtype; DY, W any float dtype; fp32 math.
 
     Launch modes (S = 1 and no pieces: one launch; else, or no dx wanted: two or one):
       DO_SUMS   pass 1: sum(xhat * g) and sum(g), from A and D per channel
                 (`_group_channel_sums`) when dw or db is computed, else per
                 lane; with DO_DX off these two go to Stats, one pair per
-                program (pairs = parts of them per split).
+                program (pairs = runs of them per split).
       DO_DX     pass 2 (backwards): dx; without DO_SUMS, first merge the S *
                 pairs sums from Stats (programs in reverse order, for L2).
     Flags (each False removes code):
@@ -2374,8 +2374,9 @@ def _group_norm_bwd_kernel(
     pid = tl.program_id(0)
     if not DO_SUMS:
         pid = tl.num_programs(0) - 1 - pid
-    part = pid % parts
-    row, split, base, c_lo, c_hi = _group_row(pid // parts, S, C, HW, Cg, channels_per_split)
+    run = pid % runs
+    row, sample, split, base, c_lo, c_hi = _group_row(pid // runs, S, C, HW, Cg, channels_per_split)
+    t_lo, t_hi = _group_run(run, runs, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
     stats_row = Stats + row.to(tl.int64) * stats_stride
     mean = tl.load(stats_row)
     rstd = tl.load(stats_row + 1)
@@ -2384,7 +2385,6 @@ def _group_norm_bwd_kernel(
         # channel, so they are accumulated per lane and reduced once at the end.
         acc_xc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-        t_lo, t_hi = _group_part(part, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
         for t in tl.range(t_lo, t_hi, num_stages=STAGES):
             c, offs, mask, _ = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
@@ -2393,14 +2393,13 @@ def _group_norm_bwd_kernel(
         sum_xhat_g = tl.sum(tl.sum(acc_xc_g, axis=1), axis=0) * rstd
         sum_g = tl.sum(tl.sum(acc_g, axis=1), axis=0)
     elif DO_SUMS:
-        # A and D of the split's channels, into row (sample * parts + part) of
-        # DWp and DBp. With runs (parts > 1, splits of one channel in [1,
-        # BLOCK_HW] tiles), a run's share of its channel: positions [lo, hi).
-        # With parts = 1, lo = 0 and hi = HW.
+        # A and D of the split's channels, into row (sample * runs + run) of
+        # DWp and DBp. With runs > 1 (splits of one channel in [1, BLOCK_HW]
+        # tiles), a run's share of its channel: positions [lo, hi). With
+        # runs = 1, lo = 0 and hi = HW.
         first = base + c_lo.to(tl.int64) * HW   # the split's first element
-        t_lo, t_hi = _group_part(part, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
         lo, hi = t_lo * BLOCK_HW, tl.minimum(t_hi * BLOCK_HW, HW)
-        out = ((row // (C // Cg)).to(tl.int64) * parts + part) * C + c_lo
+        out = (sample.to(tl.int64) * runs + run) * C + c_lo
         sum_xhat_g, sum_g = _group_channel_sums(
             X + first + lo, DY + first + lo, W, DWp, DBp, c_lo, out, c_hi - c_lo, hi - lo, mean, rstd,
             HAS_W, COMPUTE_DW, COMPUTE_DB, BLOCK_C, BLOCK_HW, STAGES, "")
@@ -2411,7 +2410,7 @@ def _group_norm_bwd_kernel(
             sum_xhat_g += tl.load(stats_row + 2 + 2 * s)
             sum_g += tl.load(stats_row + 3 + 2 * s)
     if DO_SUMS and COMPUTE_DX and not DO_DX:   # a run's share, for the DO_DX launch to merge
-        pair = split * parts + part
+        pair = split * runs + run
         tl.store(stats_row + 2 + 2 * pair, sum_xhat_g)
         tl.store(stats_row + 3 + 2 * pair, sum_g)
     if DO_DX:
@@ -2419,7 +2418,6 @@ def _group_norm_bwd_kernel(
         c2 = sum_g / (Cg * HW)
         k1 = -rstd * rstd * c1   # dx regrouped as in `_long_row_norm_bwd_kernel`
         k0 = -rstd * c2
-        t_lo, t_hi = _group_part(part, parts, _group_num_tiles(c_lo, c_hi, HW, BLOCK_C, BLOCK_HW))
         for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
             c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
@@ -2465,7 +2463,7 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
     return _GroupTiling(splits, per_split, pieces, block_c, block_hw, num_warps, stages)
 
 
-def _group_parts(programs: int, per_split: int, HW: int, block_c: int, block_hw: int,
+def _group_runs(programs: int, per_split: int, HW: int, block_c: int, block_hw: int,
                  device: torch.device) -> int:
     """Programs per split in GroupNorm's second launch (y, or dx): `programs`
     splits of `per_split` channels each, in [block_c, block_hw] tiles, cut
@@ -2544,14 +2542,14 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             APPLY=True, SPLITS=1, **meta)
         return y, stats
 
-    def launch(parts=1, **passes):
-        _group_norm_fwd_kernel[(B * num_groups * t.splits * parts,)](
+    def launch(runs=1, **passes):
+        _group_norm_fwd_kernel[(B * num_groups * t.splits * runs,)](
             x3, y, _vector(weight), _vector(bias), stats, C, HW, C // num_groups, t.channels_per_split,
-            t.splits, t.pieces, parts, stats.stride(0), float(eps), HAS_W=weight is not None,
+            t.splits, t.pieces, runs, stats.stride(0), float(eps), HAS_W=weight is not None,
             HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages,
             num_warps=t.num_warps, **passes)
 
-    parts = _group_parts(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device)
+    runs = _group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device)
     segment = t.channels_per_split * HW   # a split's elements, contiguous
     if t.splits == t.pieces == 1:
         launch(DO_STATS=True, DO_APPLY=True)
@@ -2566,10 +2564,10 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
             SPLITS=t.splits * t.pieces, num_warps=plan.num_warps)
-        launch(parts, DO_STATS=False, DO_APPLY=True)
+        launch(runs, DO_STATS=False, DO_APPLY=True)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
-        launch(parts, DO_STATS=False, DO_APPLY=True)
+        launch(runs, DO_STATS=False, DO_APPLY=True)
     return y, stats
 
 
@@ -2627,10 +2625,10 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         dw_partial, db_partial = _sum_targets(B * sum_runs, dw, db)
         block_c = min(t.block_c, _pow2(per_split))
 
-        def launch(parts, pairs, **passes):
-            _group_norm_bwd_kernel[(B * num_groups * splits * parts,)](
+        def launch(runs, pairs, **passes):
+            _group_norm_bwd_kernel[(B * num_groups * splits * runs,)](
                 dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, Cg, per_split, splits,
-                pairs, parts, stats.stride(0), HAS_W=weight is not None,
+                pairs, runs, stats.stride(0), HAS_W=weight is not None,
                 COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=block_c,
                 BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
 
@@ -2639,7 +2637,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         else:
             launch(sum_runs, 1, DO_SUMS=True, DO_DX=False)
             if compute_dx:
-                launch(_group_parts(B * num_groups * splits, per_split, HW, block_c, t.block_hw, x.device),
+                launch(_group_runs(B * num_groups * splits, per_split, HW, block_c, t.block_hw, x.device),
                        sum_runs, DO_SUMS=False, DO_DX=True)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db

@@ -1152,7 +1152,7 @@ def _group_split_case(shape, dtype, shift, plan_of):
     and the float64 reference of each."""
     B, C, HW = shape[0], shape[1], shape[2] * shape[3]
     t = fn._group_tiling(B, C, HW, 1, 4, torch.device(DEVICE))
-    plan_of(t, fn._group_parts(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw,
+    plan_of(t, fn._group_runs(B * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw,
                                torch.device(DEVICE)))
     x = randn(*shape, shift=shift, dtype=dtype).requires_grad_()
     w, b = randn(C, shift=1.0, dtype=dtype).requires_grad_(), randn(C, dtype=dtype).requires_grad_()
@@ -1213,7 +1213,7 @@ def test_group_norm_split_runs_plan():
                          ids=["2-runs", "3-uneven-runs", "3-runs-long-row-stats"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_group_norm_split_runs(shape, long_stats, dtype, monkeypatch):
-    """The runs of `_group_parts` (3 SMs, 6 programs wanted; tiles of 256
+    """The runs of `_group_runs` (3 SMs, 6 programs wanted; tiles of 256
     elements): 4 splits in 2 runs of 3 tiles, or 2 splits in 3 runs of 1, 2
     and 2 tiles (their statistics by GroupNorm's kernel, or by the long-row
     pass 1). y and every gradient bitwise equal to whole splits', trained and
@@ -1226,7 +1226,7 @@ def test_group_norm_split_runs(shape, long_stats, dtype, monkeypatch):
         assert (t.splits, runs) == ((4, 2) if shape[1] == 4 else (2, 3))
     run, refs = _group_split_case(shape, dtype, 0.5, plan_of)
     runs = run()
-    monkeypatch.setattr(fn, "_group_parts", lambda *args: 1)
+    monkeypatch.setattr(fn, "_group_runs", lambda *args: 1)
     for got, whole in zip(runs, run()):
         assert torch.equal(got, whole)
     for got, want in zip(runs, refs):
