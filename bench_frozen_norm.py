@@ -6,6 +6,7 @@
     python bench_frozen_norm.py --csv out.csv --json out.json
     python bench_frozen_norm.py --kernel-time    # GPU: also the kernels' own time, without the host
     python bench_frozen_norm.py --dce            # what the compiler removes (no GPU needed)
+    python bench_frozen_norm.py --plans-json p.json   # compile every code path for sm_90 (no GPU needed)
 
 On a GPU, every op runs forward, backward and forward+backward with its
 parameters trainable and frozen, beside PyTorch eager, torch.compile of the
@@ -27,6 +28,7 @@ and the compiled-kernel report. It never prints an interpreter time.
 
 import argparse
 import contextlib
+import itertools
 import csv
 import json
 import os
@@ -598,6 +600,71 @@ def dce_report(ops, arch=90, with_ptxas=True):
     return report
 
 
+# Sizes that take each of the planners' paths on a 132-SM GPU: rows in a
+# tile, padded rows (in a tile, or on the long-row plan), RMSNorm's rows of
+# whole chunks under the higher register cap, RELOAD's trained rows, long
+# rows with the dw/db kernel, wide chunks; GroupNorm's long rows, one launch,
+# two launches, statistics in pieces and runs of tiles.
+PLAN_SIZES = {op: [(64, 512), (64, 1024), (64, 1280), (64, 4608), (8, 13312), (8, 16384), (8, 20480), (4, 65536)]
+              for op in ("rms", "fadd", "ln", "poly")}
+PLAN_SIZES["gn"] = [(2, 6, 5, 7, 3), (16, 512, 64, 64, 32), (8, 1280, 32, 32, 32), (1, 512, 256, 256, 32),
+                    (1, 32, 1024, 1024, 32), (1, 96, 512, 512, 32)]
+
+
+def record_forward(op, size, dtype=torch.bfloat16, num_sms=H200_SMS):
+    """Launches and allocations of one forward call at `size`, on meta tensors."""
+    meta = dict(device="meta", dtype=dtype)
+    if op == "gn":
+        B, C, H, W, G = size
+        x, w = torch.empty(B, C, H, W, **meta), torch.empty(C, **meta)
+        call = lambda: fn.group_norm_forward(x, G, w, w)  # noqa: E731
+    else:
+        M, N = size
+        x, r, w = torch.empty(M, N, **meta), torch.empty(M, N, **meta), torch.empty(N, **meta)
+        call = {
+            "rms": lambda: fn.rms_norm_forward(x, (N,), w),
+            "fadd": lambda: fn.fused_add_rms_norm_forward(x, r, w),
+            "ln": lambda: fn.layer_norm_forward(x, (N,), w, w),
+            "poly": lambda: fn.poly_norm_forward(x, torch.empty(3, **meta), torch.empty(1, **meta)),
+        }[op]
+    with recording(num_sms) as rec:
+        call()
+    return rec
+
+
+def _code_path(value):
+    """What of a launch argument shapes a kernel's code, roughly: a flag's
+    value, whether an integer is 0, 1 (Triton makes it a constant) or more,
+    a tensor's dtype, None. Block sizes and lengths only size the code."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return min(value, 2)
+    return str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def compile_plans(ops, arch=90):
+    """Compile for sm_<arch> one launch of each code path (`_code_path` of
+    every argument) that the forward and each backward variant take at
+    PLAN_SIZES, in bf16 and fp32. The interpreter runs the kernels' code but
+    not Triton's compiler, whose checks (a loop-carried value must keep its
+    type, say) only a compile makes. Returns {op: {kernel: launches compiled}}."""
+    seen, compiled = set(), {}
+    for op in ops:
+        counts = compiled.setdefault(op, Counter())
+        for size, dtype in itertools.product(PLAN_SIZES[op], (torch.bfloat16, torch.float32)):
+            records = [record_forward(op, size, dtype)]
+            records += [record_backward(op, size, want, dtype) for want in VARIANTS[op].values()]
+            for launch in (lc for rec in records for lc in rec.launches):
+                key = (launch.name, tuple(sorted((k, _code_path(v)) for k, v in launch.constexprs.items())),
+                       tuple(map(_code_path, launch.args)))
+                if key not in seen:
+                    seen.add(key)
+                    compile_launch(launch, arch)
+                    counts[launch.name] += 1
+    return {op: dict(c) for op, c in compiled.items()}
+
+
 def _grad_bytes(op, size, want, element_size=2):
     """Bytes of the gradients a backward returns (bf16): dx, and dw/db if asked."""
     if op == "gn":
@@ -867,6 +934,8 @@ def main(argv=None):
     p.add_argument("--dce", action="store_true", help="print the full compiled-kernel report and exit")
     p.add_argument("--dce-json", help="write the compiled-kernel report as JSON to this file and exit")
     p.add_argument("--arch", type=int, default=90, help="compute capability for --dce: 90 (Hopper), 80 (Ampere)")
+    p.add_argument("--plans-json", help="compile every code path the wrappers take (compile_plans) for --arch, "
+                                        "write what was compiled as JSON to this file and exit")
     p.add_argument("--providers", default="ours,eager,compile,liger", help="comma-separated subset")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a tuning constant of frozen_norm for this run, e.g. --set ROW_BLOCK_MAX=8192")
@@ -879,6 +948,13 @@ def main(argv=None):
         setattr(fn, name, float(value) if "." in value else int(value))
     if args.check:
         return 0 if interpreter_check() else 1
+    if args.plans_json:
+        if not has_cuda_backend():
+            print("This Triton has no CUDA backend: nothing to compile.")
+            return 0
+        with open(args.plans_json, "w") as f:
+            json.dump(compile_plans(args.ops.split(","), args.arch), f, indent=1)
+        return 0
     if args.dce or args.dce_json:
         if not has_cuda_backend():
             print("This Triton has no CUDA backend: nothing to compile.")

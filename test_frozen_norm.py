@@ -2192,6 +2192,32 @@ def dce_report(request, tmp_path_factory):
     return json.loads(path.read_text())
 
 
+@pytest.fixture(scope="module")
+def planned_code_paths(tmp_path_factory):
+    """bench_frozen_norm.py --plans-json for sm_90, in a child process (the
+    interpreter must be off to compile); it fails on the first compile error."""
+    if not _has_cuda_backend():
+        pytest.skip("this Triton has no CUDA backend to compile for")
+    path = tmp_path_factory.mktemp("plans") / "plans.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, os.path.join(here, "bench_frozen_norm.py"), "--plans-json", str(path)],
+                   env=env, check=True, cwd=here)
+    return json.loads(path.read_text())
+
+
+def test_every_code_path_compiles(planned_code_paths):
+    """Triton's compiler, which the interpreter skips, accepts every code path
+    the wrappers take (flags, dtypes, launch modes) at the benchmark's
+    PLAN_SIZES, and those paths reach every kernel of the module: a kernel no
+    wrapper launches there would go unchecked."""
+    kernels = {name for name in dir(fn) if name.startswith("_") and name.endswith("_kernel")}
+    assert len(kernels) == 12, kernels
+    assert set().union(*planned_code_paths.values()) == kernels
+    for op in OPS:
+        assert sum(planned_code_paths[op].values()) > 10, (op, planned_code_paths[op])
+
+
 @pytest.mark.parametrize("name", list(OPS))
 def test_dce_flag_removes_scratch_stores(dce_report, name):
     """Compiled for sm_90 with one flag off and its scratch pointer still passed: that
