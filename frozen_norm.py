@@ -167,6 +167,13 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # Longer rows measured slower so (13312 = 13 x 1024, not 7 x 2048), but
 # where the halving makes whole chunks in RMSNorm's frozen backward
 # (LONG_BWD_SPILL_CHUNK_MIN) or few of them (WHOLE_MAX_CHUNKS).
+# A quarter rounded up leaves rows of 20481 to 24576 three chunks of 8192;
+# the long-row backwards with several row sums (LayerNorm's, PolyNorm's) on
+# 16-bit rows take six of 4096 there (`_min_chunks`): under
+# LONG_BWD_MAX_REGISTERS a 32-warp program holds all of its SM's registers,
+# so each SM runs one row at a time, and two 16-warp programs per SM measured
+# faster (others slower so: the forwards, RMSNorm's and FusedAdd's
+# backwards, and rows of three chunks of 4096; NOTES.md, section 6).
 LONG_CHUNK_MAX = 8192
 LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
@@ -665,6 +672,15 @@ def _wide_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _Row
         return t
     wide = _row_tiling(M, N, chunk_max=LONG_WIDE_CHUNK_MAX, **plan)
     return wide if N % wide.block_n == 0 else t
+
+
+def _min_chunks(t: _RowTiling, x: torch.Tensor, N: int) -> _RowTiling:
+    """The long-row plan `t`, or for x's 16-bit rows of fewer than
+    LONG_MIN_CHUNKS chunks of LONG_CHUNK_MAX (20481 to 24576: three), twice
+    as many chunks, half as long, by the rule of LONG_MIN_CHUNKS."""
+    if t.one_pass or x.element_size() != 2 or t.block_n != LONG_CHUNK_MAX or _cdiv(N, t.block_n) >= LONG_MIN_CHUNKS:
+        return t
+    return t._replace(block_n=t.block_n // 2, num_warps=_warps_for(t.block_n // 2, LONG_ELEMENTS_PER_THREAD))
 
 
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
@@ -1759,13 +1775,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # they fit the row: RMSNorm's frozen per-lane rows' down to
     # LONG_BWD_SPILL_CHUNK_MIN (13312 = 13 x 1024), its padded rows' below
     # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few (WHOLE_MAX_CHUNKS).
-    # LayerNorm's two sums: wide chunks past 32768 (LONG_WIDE_CHUNK_MAX).
+    # LayerNorm's two sums: six chunks, not three, at 20481 to 24576
+    # (LONG_MIN_CHUNKS), wide chunks past 32768 (LONG_WIDE_CHUNK_MAX).
     if rms_frozen and may_spill:
         t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
     if ds is None:
         t = _few_whole_chunks(t, x, M, N, **plan)
-    if mean is not None:
-        t = _wide_chunks(t, x, M, N, **plan)
+    if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
+        t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
     reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     if reload:
@@ -3153,7 +3170,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
     plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
                 padded_min=PADDED_SHORT_ROW_MIN)
     t = _few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)   # WHOLE_MAX_CHUNKS
-    t = _poly_long_tiling(_wide_chunks(t, x, M, N, **plan), x)   # LONG_WIDE_CHUNK_MAX
+    t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)   # LONG_MIN_CHUNKS, LONG_WIDE_CHUNK_MAX
+    t = _poly_long_tiling(t, x)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

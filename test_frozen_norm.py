@@ -437,7 +437,23 @@ WIDE_CHUNK_CASES = [
     ("fadd", "frozen w", 65536, torch.bfloat16, 8192)]
 
 
-@pytest.mark.parametrize("name, call, N, dtype, chunk", WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES)
+# LONG_MIN_CHUNKS: the backwards with several row sums take six chunks of
+# 4096 where a quarter rounded up leaves three of 8192 (20481 to 24576).
+MIN_CHUNK_CASES = [
+    ("ln", "all frozen", 24576, torch.bfloat16, 4096), ("ln", "trainable", 24576, torch.float16, 4096),
+    ("poly", "all frozen", 24576, torch.bfloat16, 4096), ("poly", "trainable", 24576, torch.bfloat16, 4096),
+    ("ln", "frozen w", 20488, torch.bfloat16, 4096),     # the last chunks partial: still six
+    ("poly", "trainable", 22528, torch.bfloat16, 4096),
+    ("ln", "forward", 24576, torch.bfloat16, 8192),      # not the forwards,
+    ("poly", "forward", 24576, torch.bfloat16, 8192),
+    ("rms", "frozen w", 24576, torch.bfloat16, 8192),    # nor the backwards with one sum,
+    ("fadd", "trainable", 24576, torch.bfloat16, 8192),
+    ("ln", "all frozen", 24576, torch.float32, 8192),    # nor fp32 rows;
+    ("ln", "all frozen", 32768, torch.bfloat16, 8192),   # four chunks of 8192 stay,
+    ("ln", "all frozen", 12288, torch.bfloat16, 4096)]   # and three of 4096
+
+
+@pytest.mark.parametrize("name, call, N, dtype, chunk", WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES + MIN_CHUNK_CASES)
 def test_chunk_rules(name, call, N, dtype, chunk):
     """The long-row plans' chunk rules on 16-bit rows. WHOLE_MAX_CHUNKS: the
     forwards of LayerNorm and PolyNorm and the backwards of RMSNorm,
@@ -446,13 +462,16 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     last chunk partial). LONG_WIDE_CHUNK_MAX: the forwards with one row sum
     (RMSNorm's, FusedAdd's) and the backwards with several (LayerNorm's,
     PolyNorm's) take chunks of that length where they fit the row whole; the
-    others keep LONG_CHUNK_MAX. fp32 rows keep their plans. The first
-    launch, on meta tensors; six such plans run against float64."""
+    others keep LONG_CHUNK_MAX. LONG_MIN_CHUNKS: the backwards with several
+    row sums halve chunks of LONG_CHUNK_MAX where a row has fewer than that
+    many (the others keep them). fp32 rows keep their plans. The first
+    launch, on meta tensors; seven such plans run against float64."""
     launch = _first_launch(name, call, N, dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
             ("poly", "trainable", 18432): ALL_TRAIN, ("rms", "forward", 65536): ALL_FROZEN,
-            ("poly", "trainable", 65536): ALL_TRAIN, ("ln", "all frozen", 65536): ALL_FROZEN}
+            ("poly", "trainable", 65536): ALL_TRAIN, ("ln", "all frozen", 65536): ALL_FROZEN,
+            ("poly", "trainable", 22528): ALL_TRAIN}
     if dtype == torch.bfloat16 and (name, call, N) in runs:
         check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
 
