@@ -248,8 +248,10 @@ RMS_PADDED_CHUNK_MIN = 1024
 # at 20480 and 28672, and 32 registers with 520 bytes of stack for spills at
 # 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
 # section 6). PolyNorm's long-row backward takes the same cap: faster capped,
-# or even, at every length measured but 24576 (three chunks of 8192, where
-# uncapped ptxas's 32 registers let two 32-warp programs share an SM).
+# or even, at every length measured but 24576 in three chunks of 8192, where
+# uncapped ptxas's 32 registers let two 32-warp programs share an SM; such
+# rows take six chunks of 4096 since (LONG_MIN_CHUNKS), two 16-warp programs
+# per SM under the cap, which measured faster still.
 # RMSNorm's and FusedAdd's, with per-lane sums (below), on 16-bit rows of at
 # least LONG_BWD_SPILL_CHUNKS whole chunks of 1024 or more (5120 = 5 x 1024,
 # 10240, 14336 = 7 x 2048) spill 16 to 64 bytes under that cap (ptxas of
