@@ -28,8 +28,8 @@ and the compiled-kernel report. It never prints an interpreter time.
 
 import argparse
 import contextlib
-import itertools
 import csv
+import itertools
 import json
 import os
 import re

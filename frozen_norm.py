@@ -2483,7 +2483,7 @@ def _group_tiling(B: int, C: int, HW: int, G: int, element_bytes: int, device: t
 
 
 def _group_runs(programs: int, per_split: int, HW: int, block_c: int, block_hw: int,
-                 device: torch.device) -> int:
+                device: torch.device) -> int:
     """Programs per split in GroupNorm's second launch (y, or dx): `programs`
     splits of `per_split` channels each, in [block_c, block_hw] tiles, cut
     into runs of tiles, as many as bring the programs nearest to
