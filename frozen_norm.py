@@ -168,8 +168,8 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # where the halving makes whole chunks in RMSNorm's frozen backward
 # (LONG_BWD_SPILL_CHUNK_MIN) or few of them (WHOLE_MAX_CHUNKS).
 # A quarter rounded up leaves rows of 20481 to 24576 three chunks of 8192;
-# the long-row backwards with several row sums (LayerNorm's, PolyNorm's) on
-# 16-bit rows take six of 4096 there (`_min_chunks`): under
+# the long-row backwards with several row sums (LayerNorm's, GroupNorm's,
+# PolyNorm's) on 16-bit rows take six of 4096 there (`_min_chunks`): under
 # LONG_BWD_MAX_REGISTERS a 32-warp program holds all of its SM's registers,
 # so each SM runs one row at a time, and two 16-warp programs per SM measured
 # faster (others slower so: the forwards, RMSNorm's and FusedAdd's
@@ -2611,6 +2611,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     if long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
         # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with either trained.
+        long_rows = _min_chunks(long_rows, x, C // num_groups * HW)
         if not (compute_dw or compute_db):
             long_rows = _wide_chunks(long_rows, x, B * num_groups, C // num_groups * HW)
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)

@@ -493,6 +493,28 @@ def test_wide_chunks_group_norm(call, dtype, chunk):
         check_op(OPS["gn"], (2, 4, 128, 128), dtype, params, _with_grads("gn"), groups=1)
 
 
+@pytest.mark.parametrize("call, dtype, chunk", [("all frozen", torch.bfloat16, 4096),
+                                                ("trainable", torch.bfloat16, 4096),
+                                                ("all frozen", torch.float32, 8192),
+                                                ("forward", torch.bfloat16, 8192)])
+def test_min_chunks_group_norm(call, dtype, chunk):
+    """GroupNorm's backward on the long-row kernel, frozen or trained, takes
+    six chunks of 4096 on 16-bit rows of three chunks of 8192 (LONG_MIN_CHUNKS;
+    64 x 192 x 64 x 64 in 32 groups, rows of 6 x 4096, on meta tensors); its
+    forward and fp32 rows keep 8192. Then such rows (2 x 6 x 64 x 64, one
+    group) against float64, w and b frozen and trained."""
+    from bench_frozen_norm import VARIANTS, record_backward, record_forward
+    size = (64, 192, 64, 64, 32)
+    if call == "forward":
+        launch = record_forward("gn", size, dtype).launches[0]
+    else:
+        launch = record_backward("gn", size, VARIANTS["gn"][call], dtype).launches[0]
+    assert launch.name.startswith("_long_row") and launch.constexprs["BLOCK_N"] == chunk, launch.name
+    if dtype == torch.bfloat16 and call != "forward":
+        params = (ALL_FROZEN if call == "all frozen" else ALL_TRAIN)["gn"]
+        check_op(OPS["gn"], (2, 6, 64, 64), dtype, params, _with_grads("gn"), groups=1)
+
+
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
                          ids=["one-warp-tail-block", "masked"])
 def test_poly_long_rows_tail(warp_row_max, warps, tail, monkeypatch):
