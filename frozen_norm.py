@@ -2610,7 +2610,8 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
-        # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with either trained.
+        # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with
+        # either trained; six chunks, not three, at 20481 to 24576 (LONG_MIN_CHUNKS).
         long_rows = _min_chunks(long_rows, x, C // num_groups * HW)
         if not (compute_dw or compute_db):
             long_rows = _wide_chunks(long_rows, x, B * num_groups, C // num_groups * HW)
