@@ -2568,11 +2568,11 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages,
             num_warps=t.num_warps, **passes)
 
-    runs = _group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device)
-    segment = t.channels_per_split * HW   # a split's elements, contiguous
     if t.splits == t.pieces == 1:
         launch(DO_STATS=True, DO_APPLY=True)
-    elif (C // num_groups) % t.channels_per_split == 0 and segment > ROW_BLOCK_MAX:
+        return y, stats
+    segment = t.channels_per_split * HW   # a split's elements, contiguous
+    if (C // num_groups) % t.channels_per_split == 0 and segment > ROW_BLOCK_MAX:
         # Equal splits of long segments: the statistics of their pieces by the
         # long-row forward's pass 1 (APPLY=False), one program per piece; the
         # merge and y by GroupNorm's kernel.
@@ -2583,10 +2583,10 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
             SPLITS=t.splits * t.pieces, num_warps=plan.num_warps)
-        launch(runs, DO_STATS=False, DO_APPLY=True)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
-        launch(runs, DO_STATS=False, DO_APPLY=True)
+    launch(_group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device),
+           DO_STATS=False, DO_APPLY=True)
     return y, stats
 
 

@@ -394,16 +394,10 @@ def test_poly_warp_rows_plan(dtype, N, warps):
 def _first_launch(name, call, N, dtype):
     """The first launch of op `name`'s `call` ("forward", or a backward
     variant of VARIANTS) on 3 meta rows of N, recorded, not run."""
-    from bench_frozen_norm import VARIANTS, record_backward
-    if call != "forward":
-        return record_backward(name, (3, N), VARIANTS[name][call], dtype).launches[0]
-    x = torch.empty(3, N, device="meta", dtype=dtype)
-    w3, b1 = torch.empty(3, device="meta", dtype=dtype), torch.empty(1, device="meta", dtype=dtype)
-    forward = {"rms": lambda: fn.rms_norm_forward(x, (N,), x[0]),
-               "fadd": lambda: fn.fused_add_rms_norm_forward(x, x, x[0]),
-               "ln": lambda: fn.layer_norm_forward(x, (N,), x[0], x[0]),
-               "poly": lambda: fn.poly_norm_forward(x, w3, b1)}[name]
-    return _first_launches({call: forward})[call]
+    from bench_frozen_norm import VARIANTS, record_backward, record_forward
+    if call == "forward":
+        return record_forward(name, (3, N), dtype).launches[0]
+    return record_backward(name, (3, N), VARIANTS[name][call], dtype).launches[0]
 
 
 # (op, the first launch of: "forward" or a backward variant, N, dtype, its chunk)
