@@ -2359,7 +2359,8 @@ def _group_norm_fwd_kernel(
 
 @triton.jit
 def _group_norm_bwd_kernel(
-    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, >= 2 + 2S); DWp, DBp: (B*runs, C)
+    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); DWp, DBp: (B*runs, C)
+                                     # Stats: (B*G, 2 + 2S*pieces) fp32
     C, HW, Cg, channels_per_split, S, pairs, runs, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
@@ -2605,6 +2606,14 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
     dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
     compute_dw, compute_db = dw is not None, db is not None   # none without the parameter
+    # The forward's splits and pieces (B, C, HW, G and the SM count set them,
+    # not the tiles' loads or channels) sized its stats tensor: the same here.
+    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
+                      GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
+    stats_shape = (B * num_groups, 2 + 2 * t.splits * t.pieces)
+    if tuple(stats.shape) != stats_shape or stats.dtype != torch.float32:
+        raise ValueError(f"stats: expected the {stats_shape} fp32 tensor that group_norm_forward returns for "
+                         f"this x on this device, got {tuple(stats.shape)} {stats.dtype}")
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
@@ -2624,42 +2633,28 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
             BLOCK_C=_group_long_sum_channels(C // num_groups, HW, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS,
             **meta)
     else:
-        t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
-                          GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
-        # The spare columns of the stats tensor (the forward's S * pieces
-        # pairs, planned for the same SM count) are the sums launch's scratch,
+        # The spare columns of the stats tensor are the sums launch's scratch,
         # a pair per program: `pieces` runs of tiles per split with w and b
         # frozen (per-lane sums), and with either trained where a split is
         # one channel (A and D are per channel), else whole splits.
-        room = (stats.shape[1] - 2) // 2
-        if stats.shape[0] != B * num_groups or room < 1:
-            raise ValueError(f"stats: expected the ({B * num_groups}, 2 + 2 S) tensor that group_norm_forward "
-                             f"returns for this x, got {tuple(stats.shape)}")
-        Cg, per_split, splits = C // num_groups, t.channels_per_split, t.splits
-        if splits > room:   # a tensor planned for another SM count: fewer, wider splits
-            per_split = _cdiv(Cg, room)
-            splits = _cdiv(Cg, per_split)
-        sum_runs = max(1, min(t.pieces, room // splits))
-        if (compute_dw or compute_db) and per_split > 1:
-            sum_runs = 1   # A and D per channel: runs only within one channel
+        sum_runs = 1 if (compute_dw or compute_db) and t.channels_per_split > 1 else t.pieces
         # Each run leaves its own row of dw and db sums: B * runs rows.
         dw_partial, db_partial = _sum_targets(B * sum_runs, dw, db)
-        block_c = min(t.block_c, _pow2(per_split))
 
         def launch(runs, pairs, **passes):
-            _group_norm_bwd_kernel[(B * num_groups * splits * runs,)](
-                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, Cg, per_split, splits,
-                pairs, runs, stats.stride(0), HAS_W=weight is not None,
-                COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=block_c,
+            _group_norm_bwd_kernel[(B * num_groups * t.splits * runs,)](
+                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, C // num_groups,
+                t.channels_per_split, t.splits, pairs, runs, stats.stride(0), HAS_W=weight is not None,
+                COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=t.block_c,
                 BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
 
-        if compute_dx and splits == t.pieces == 1:
+        if compute_dx and t.splits == t.pieces == 1:
             launch(1, 1, DO_SUMS=True, DO_DX=True)
         else:
             launch(sum_runs, 1, DO_SUMS=True, DO_DX=False)
             if compute_dx:
-                launch(_group_runs(B * num_groups * splits, per_split, HW, block_c, t.block_hw, x.device),
-                       sum_runs, DO_SUMS=False, DO_DX=True)
+                launch(_group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw,
+                                   x.device), sum_runs, DO_SUMS=False, DO_DX=True)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 

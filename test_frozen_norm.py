@@ -1296,15 +1296,24 @@ def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
         assert rel_error(got, want) < tolerance
 
 
-def test_group_norm_backward_checks_stats():
+def test_group_norm_backward_checks_stats(monkeypatch):
     """The low-level backward takes the statistics of group_norm_forward for
-    the same x: a tensor of another shape is refused before any launch."""
+    the same x on the same device: a tensor of another shape or dtype, or one
+    planned for another SM count (other splits), is refused before any launch."""
     from bench_frozen_norm import recording
     x = randn(1, 4, 9, 9)
+    monkeypatch.setattr(fn, "_num_sms", lambda device: 3)   # 2 rows, 3 SMs: 2 splits of 2 channels
+    _, split_stats = fn.group_norm_forward(x, 2)
+    monkeypatch.setattr(fn, "_num_sms", lambda device: 1)   # 2 rows, 1 SM: whole rows
     _, stats = fn.group_norm_forward(x, 2)
-    with recording() as rec, pytest.raises(ValueError, match="stats"):
-        fn.group_norm_backward(x, x, 2, None, None, stats[:, :2])
-    assert rec.launches == []
+    assert (split_stats.shape, stats.shape) == ((2, 2 + 2 * 2), (2, 2 + 2))
+    for bad in (stats[:, :2], split_stats, stats.double()):
+        with recording(num_sms=1) as rec, pytest.raises(ValueError, match=r"stats: expected the \(2, 4\) fp32"):
+            fn.group_norm_backward(x, x, 2, None, None, bad)
+        assert rec.launches == []
+    with recording(num_sms=1) as rec:
+        fn.group_norm_backward(x, x, 2, None, None, stats)
+    assert [launch.name for launch in rec.launches] == ["_group_norm_bwd_kernel"]
 
 
 def test_group_norm_long_rows_allocations(monkeypatch):
@@ -1871,7 +1880,9 @@ def test_torch_compile_frozen_backward(name):
         leaves = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
         outs = as_tuple(compiled(d))
         dys = grad_outputs(outs)
-        with recording() as rec:   # the kernels are recorded, not run
+        # The kernels are recorded, not run, planned for the SM count that the
+        # forward's plan (GroupNorm's statistics tensor) was made for.
+        with recording(num_sms=fn._num_sms(torch.device(DEVICE))) as rec:
             torch.autograd.grad(outs, leaves, dys)
         names = [launch.name for launch in rec.launches]
         asks = [launch.constexprs.get(flag, False) for launch in rec.launches for flag in ("COMPUTE_DW", "COMPUTE_DB")]
