@@ -2074,27 +2074,80 @@ def test_huge_hidden_size(name):
     check_op(OPS[name], (5, 262144), torch.bfloat16, ALL_FROZEN[name], _with_grads(name))
 
 
+# Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
+# every kernel: the row tiles (RMSNorm), RELOAD (FusedAdd trained), the long
+# rows and the dw/db kernel (LayerNorm; FusedAdd frozen), PolyNorm's tiles
+# (1024) and long rows (32768), GroupNorm's long rows (32 groups) and split
+# rows (2).
+HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("fadd", (2**31 // 16384 + 1, 16384), None),
+              ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
+              ("poly", (2**31 // 32768 + 1, 32768), None),
+              ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2)]
+HUGE_SLICE_ELEMENTS = 2**25   # the float64 reference a slice of rows (samples) at a time
+
+
+def _gpu_randn(*shape, dtype=torch.float32, scale=1.0, shift=0.0):
+    """`randn` drawn on the GPU: a CPU draw of 2^31 float64 values takes a minute."""
+    return torch.randn(*shape, device="cuda", dtype=torch.float32).mul_(scale).add_(shift).to(dtype)
+
+
+def _check_huge(op, shape, groups, params):
+    """One configuration of more than 2^31 elements against float64: the outputs
+    and input gradients of the first and last slices of rows (samples), and the
+    parameter gradients, whose float64 sums are taken a slice at a time."""
+    d = prepare(op, shape, torch.bfloat16, params, {k: True for k in input_names(op)}, groups)
+    outs = as_tuple(op.run(d))
+    dys = grad_outputs(outs)
+    torch.autograd.backward(outs, dys)
+    inputs = input_names(op)
+    p64 = {k: d[k].detach().double().requires_grad_(d[k].requires_grad) for k in op.params}
+    rows = shape[0]
+    step = max(1, HUGE_SLICE_ELEMENTS // math.prod(shape[1:]))
+    for lo in range(0, rows, step):
+        part = slice(lo, min(rows, lo + step))
+        ends = lo == 0 or part.stop == rows
+        if not (ends or TRAIN in params.values()):
+            continue   # nothing to check in this slice
+        d64 = dict(d, **p64)
+        d64.update({k: d[k].detach()[part].double().requires_grad_(ends) for k in inputs})
+        refs = as_tuple(op.reference(d64))
+        torch.autograd.backward(*zip(*[(r, dy[part].double()) for r, dy in zip(refs, dys) if r.requires_grad]))
+        if ends:
+            for out, ref in zip(outs, refs):
+                assert rel_error(out[part], ref) < TOLERANCE[torch.bfloat16], (op.name, shape, lo)
+            for k in inputs:
+                assert rel_error(d[k].grad[part], d64[k].grad) < 2 * TOLERANCE[torch.bfloat16], (op.name, k, lo)
+    for k in op.params:
+        if params[k] == TRAIN:
+            assert rel_error(d[k].grad, p64[k].grad) < 2 * TOLERANCE[torch.bfloat16], (op.name, shape, k)
+        else:
+            assert d[k].grad is None
+
+
+def test_huge_cases_reach_every_kernel():
+    """HUGE_CASES launch all twelve kernels, trained and frozen (their plans
+    recorded for an H200 on meta tensors), so the test below covers each."""
+    from bench_frozen_norm import KERNELS, record_backward, record_forward
+    seen = set()
+    for name, shape, groups in HUGE_CASES:
+        size = (*shape, groups) if name == "gn" else shape
+        seen |= {launch.name for launch in record_forward(name, size).launches}
+        for train in (1, 0):
+            want = {"dx": 1, "dw": train} if name in ("rms", "fadd") else {"dx": 1, "dw": train, "db": train}
+            seen |= {launch.name for launch in record_backward(name, size, want).launches}
+    assert seen == set(KERNELS), sorted(set(KERNELS) - seen)
+
+
 @gpu
-def test_more_than_2_31_elements():
-    """A bf16 input of 2^31 + 4096 elements: offsets must be 64-bit. Rows at both ends are checked."""
-    N = 4096
-    M = 2**31 // N + 1
-    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-    x[-1] += 3.0
-    w = (torch.rand(N, device="cuda") + 0.5).to(torch.bfloat16).requires_grad_()
-    xg = x.requires_grad_()
-    y = fn.rms_norm(xg, (N,), w, 1e-6)
-    dy = torch.randn_like(y)
-    y.backward(dy)
-    for rows in (slice(0, 2), slice(M - 2, M)):
-        x64 = x[rows].detach().double().requires_grad_()
-        w64 = w.detach().double().requires_grad_()
-        r = fn.rms_norm_reference(x64, (N,), w64, 1e-6)
-        r.backward(dy[rows].double())
-        assert rel_error(y[rows], r) < 1e-2
-        assert rel_error(xg.grad[rows], x64.grad) < 2e-2
-    assert torch.isfinite(w.grad).all()
-    del x, y, dy
+def test_more_than_2_31_elements(monkeypatch):
+    """Every kernel family on inputs of more than 2^31 elements, trained and
+    frozen: offsets must be 64-bit. One test, the cases in turn, so that
+    parallel workers do not hold several 4 GiB cases at once."""
+    monkeypatch.setattr(sys.modules[__name__], "randn", _gpu_randn)
+    for name, shape, groups in HUGE_CASES:
+        for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
+            _check_huge(OPS[name], shape, groups, params)
+            torch.cuda.empty_cache()
 
 
 # Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, RELOAD's
