@@ -2611,9 +2611,9 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
                       GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
     stats_shape = (B * num_groups, 2 + 2 * t.splits * t.pieces)
-    if tuple(stats.shape) != stats_shape or stats.dtype != torch.float32:
-        raise ValueError(f"stats: expected the {stats_shape} fp32 tensor that group_norm_forward returns for "
-                         f"this x on this device, got {tuple(stats.shape)} {stats.dtype}")
+    if tuple(stats.shape) != stats_shape or stats.dtype != torch.float32 or stats.device != x.device:
+        raise ValueError(f"stats: expected the {stats_shape} fp32 tensor on {x.device} that group_norm_forward "
+                         f"returns for this x, got {tuple(stats.shape)} {stats.dtype} on {stats.device}")
     if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)

@@ -1298,8 +1298,8 @@ def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
 
 def test_group_norm_backward_checks_stats(monkeypatch):
     """The low-level backward takes the statistics of group_norm_forward for
-    the same x on the same device: a tensor of another shape or dtype, or one
-    planned for another SM count (other splits), is refused before any launch."""
+    the same x: a tensor of another shape, dtype or device, or one planned for
+    another SM count (other splits), is refused before any launch."""
     from bench_frozen_norm import recording
     x = randn(1, 4, 9, 9)
     monkeypatch.setattr(fn, "_num_sms", lambda device: 3)   # 2 rows, 3 SMs: 2 splits of 2 channels
@@ -1307,7 +1307,7 @@ def test_group_norm_backward_checks_stats(monkeypatch):
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1)   # 2 rows, 1 SM: whole rows
     _, stats = fn.group_norm_forward(x, 2)
     assert (split_stats.shape, stats.shape) == ((2, 2 + 2 * 2), (2, 2 + 2))
-    for bad in (stats[:, :2], split_stats, stats.double()):
+    for bad in (stats[:, :2], split_stats, stats.double(), stats.to("meta")):
         with recording(num_sms=1) as rec, pytest.raises(ValueError, match=r"stats: expected the \(2, 4\) fp32"):
             fn.group_norm_backward(x, x, 2, None, None, bad)
         assert rec.launches == []
