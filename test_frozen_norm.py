@@ -2084,11 +2084,13 @@ HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("fadd", (2**31 // 16384
               ("poly", (2**31 // 32768 + 1, 32768), None),
               ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2)]
 HUGE_SLICE_ELEMENTS = 2**25   # the float64 reference a slice of rows (samples) at a time
+# FusedAdd's case holds eight such tensors (x, r, y, s, their dys, dx, dr).
+HUGE_GPU_BYTES = 40 * 2**30
 
 
 def _gpu_randn(*shape, dtype=torch.float32, scale=1.0, shift=0.0):
-    """`randn` drawn on the GPU: a CPU draw of 2^31 float64 values takes a minute."""
-    return torch.randn(*shape, device="cuda", dtype=torch.float32).mul_(scale).add_(shift).to(dtype)
+    """`randn` drawn on the GPU in `dtype`: a CPU draw of 2^31 float64 values takes a minute."""
+    return torch.randn(*shape, device="cuda", dtype=dtype).mul_(scale).add_(shift)
 
 
 def _check_huge(op, shape, groups, params):
@@ -2139,6 +2141,8 @@ def test_huge_cases_reach_every_kernel():
 
 
 @gpu
+@pytest.mark.skipif(HAS_GPU and torch.cuda.get_device_properties(0).total_memory < HUGE_GPU_BYTES,
+                    reason=f"needs {HUGE_GPU_BYTES // 2**30} GiB of GPU memory")
 def test_more_than_2_31_elements(monkeypatch):
     """Every kernel family on inputs of more than 2^31 elements, trained and
     frozen: offsets must be 64-bit. One test, the cases in turn, so that
