@@ -2165,7 +2165,9 @@ def _random_case(seed):
     Shapes hold up to 2^22 elements (or one row, one sample), 2^18 where fp16
     is in play: a gradient sum of 0.1-mean dy over more leaves fp16's range.
     Rows of one element are left to their own test (dx there cancels to eps *
-    rstd^3, badly conditioned)."""
+    rstd^3, badly conditioned), and so are LayerNorm's rows of two: centring
+    leaves dx a difference of nearly equal terms times rstd (float32's own
+    F.layer_norm errs by 1e-4 there, against our tolerance of 2e-5)."""
     r = random.Random(seed)
     name = r.choice(sorted(OPS))
     op = OPS[name]
@@ -2177,6 +2179,8 @@ def _random_case(seed):
         shape = (max(1, min(r.choice([1, 2, 3, 16]), limit // (groups * per_group * HW))), groups * per_group, *spatial)
     else:
         groups, N = None, r.choice(RANDOM_ROW_LENGTHS)
+        while name == "ln" and N == 2:
+            N = r.choice(RANDOM_ROW_LENGTHS)
         M = max(1, min(r.choice([1, 3, 37, 300, 2048, 8191]), limit // N))
         shape = (M, N) if M % 2 or r.random() < 0.7 else (2, M // 2, N)
     params = {p: r.choice([TRAIN, FROZEN] + ([ABSENT] if op.absent_ok else [])) for p in op.params}
