@@ -2532,13 +2532,17 @@ def _group_forward_tiling(x, num_groups) -> _GroupTiling:
     return _group_tiling(B, C, math.prod(x.shape[2:]), num_groups, _element_bytes(x), x.device)
 
 
+def _group_stats_shape(B: int, G: int, t: _GroupTiling) -> tuple:
+    """The shape of GroupNorm's stats under plan `t`, (B * G, 2 + 2 S p): mean,
+    rstd, then S p (mean, m2) pairs of the p = t.pieces pieces of each of
+    the S splits (a scratch the backward's split sums reuse)."""
+    return (B * G, 2 + 2 * t.splits * t.pieces)
+
+
 def _group_norm_outputs(x, num_groups, t: _GroupTiling):
     """What `group_norm_forward` returns, allocated: y like x (contiguous), and
-    stats, (B * G, 2 + 2 S p) fp32: mean, rstd, then S p (mean, m2) pairs of
-    the p = t.pieces pieces of each of the S splits of plan `t` (a scratch
-    the backward's split sums reuse)."""
-    stats = torch.empty((x.shape[0] * num_groups, 2 + 2 * t.splits * t.pieces), dtype=torch.float32,
-                        device=x.device)
+    stats, fp32 (`_group_stats_shape`)."""
+    stats = torch.empty(_group_stats_shape(x.shape[0], num_groups, t), dtype=torch.float32, device=x.device)
     return _empty_like(x), stats
 
 
@@ -2610,7 +2614,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     # not the tiles' loads or channels) sized its stats tensor: the same here.
     t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
                       GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
-    stats_shape = (B * num_groups, 2 + 2 * t.splits * t.pieces)
+    stats_shape = _group_stats_shape(B, num_groups, t)
     if tuple(stats.shape) != stats_shape or stats.dtype != torch.float32 or stats.device != x.device:
         raise ValueError(f"stats: expected the {stats_shape} fp32 tensor on {x.device} that group_norm_forward "
                          f"returns for this x, got {tuple(stats.shape)} {stats.dtype} on {stats.device}")

@@ -391,13 +391,14 @@ def test_poly_warp_rows_plan(dtype, N, warps):
         assert launch.name.startswith("_long_poly") and launch.num_warps == warps, (what, launch.name)
 
 
-def _first_launch(name, call, N, dtype):
+def _first_launch(name, call, size, dtype):
     """The first launch of op `name`'s `call` ("forward", or a backward
-    variant of VARIANTS) on 3 meta rows of N, recorded, not run."""
+    variant of VARIANTS) at `size` (as the benchmark's), on meta tensors,
+    recorded, not run."""
     from bench_frozen_norm import VARIANTS, record_backward, record_forward
     if call == "forward":
-        return record_forward(name, (3, N), dtype).launches[0]
-    return record_backward(name, (3, N), VARIANTS[name][call], dtype).launches[0]
+        return record_forward(name, size, dtype).launches[0]
+    return record_backward(name, size, VARIANTS[name][call], dtype).launches[0]
 
 
 # (op, the first launch of: "forward" or a backward variant, N, dtype, its chunk)
@@ -460,7 +461,7 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     row sums halve chunks of LONG_CHUNK_MAX where a row has fewer than that
     many (the others keep them). fp32 rows keep their plans. The first
     launch, on meta tensors; seven such plans run against float64."""
-    launch = _first_launch(name, call, N, dtype)
+    launch = _first_launch(name, call, (3, N), dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
             ("poly", "trainable", 18432): ALL_TRAIN, ("rms", "forward", 65536): ALL_FROZEN,
@@ -497,12 +498,7 @@ def test_min_chunks_group_norm(call, dtype, chunk):
     64 x 192 x 64 x 64 in 32 groups, rows of 6 x 4096, on meta tensors); its
     forward and fp32 rows keep 8192. Then such rows (2 x 6 x 64 x 64, one
     group) against float64, w and b frozen and trained."""
-    from bench_frozen_norm import VARIANTS, record_backward, record_forward
-    size = (64, 192, 64, 64, 32)
-    if call == "forward":
-        launch = record_forward("gn", size, dtype).launches[0]
-    else:
-        launch = record_backward("gn", size, VARIANTS["gn"][call], dtype).launches[0]
+    launch = _first_launch("gn", call, (64, 192, 64, 64, 32), dtype)
     assert launch.name.startswith("_long_row") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     if dtype == torch.bfloat16 and call != "forward":
         params = (ALL_FROZEN if call == "all frozen" else ALL_TRAIN)["gn"]
@@ -770,7 +766,7 @@ def test_rms_padded_chunk_min(name, call, N, dtype, chunk):
     fp32 rows and LayerNorm's go down to LONG_CHUNK_MIN. The chunk of the
     first launch, on meta tensors; the 1024-element chunks of padded rows run
     in test_padded_rows (2560)."""
-    launch = _first_launch(name, call, N, dtype)
+    launch = _first_launch(name, call, (3, N), dtype)
     assert launch.name.startswith("_long_row_norm_") and launch.constexprs["BLOCK_N"] == chunk
 
 
@@ -2134,7 +2130,7 @@ def test_huge_cases_reach_every_kernel():
     for name, shape, groups in HUGE_CASES:
         size = (*shape, groups) if name == "gn" else shape
         seen |= {launch.name for launch in record_forward(name, size).launches}
-        for train in (1, 0):
+        for train in (1, 0):   # as ALL_TRAIN and ALL_FROZEN, with dx
             want = {"dx": 1, "dw": train} if name in ("rms", "fadd") else {"dx": 1, "dw": train, "db": train}
             seen |= {launch.name for launch in record_backward(name, size, want).launches}
     assert seen == set(KERNELS), sorted(set(KERNELS) - seen)
