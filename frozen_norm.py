@@ -174,6 +174,8 @@ LOOP_ELEMENTS_PER_THREAD = 16
 # so each SM runs one row at a time, and two 16-warp programs per SM measured
 # faster (others slower so: the forwards, RMSNorm's and FusedAdd's
 # backwards, and rows of three chunks of 4096; NOTES.md, section 6).
+# GroupNorm's with w or b trained carry the rule to rows of up to five
+# (GROUP_TRAINED_MIN_CHUNKS).
 LONG_CHUNK_MAX = 8192
 LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
@@ -488,6 +490,18 @@ GROUP_LONG_MIN_RUN = 4
 # to the best at the others; tiles spanning a whole channel (a reduction per
 # chunk) measured slower (NOTES.md, section 6).
 GROUP_SUM_TILES = 4
+# That backward (w or b trained) halves chunks of LONG_CHUNK_MAX on 16-bit
+# rows of fewer than GROUP_TRAINED_MIN_CHUNKS of them, LONG_MIN_CHUNKS' rule
+# carried further (32768 = 8 x 4096 and 40960 = 10 x 4096, not 4 and 5 x
+# 8192: two 16-warp programs per SM under LONG_BWD_MAX_REGISTERS, not one of
+# 32), where a channel has at least GROUP_TRAINED_MIN_HW positions. Measured
+# faster with channels of 2048 to 5000 positions at every row count tried,
+# 512 to 4096; with channels of 1024 faster on 256 and 512 rows, slower on
+# 1024 and 2048, which GROUP_TRAINED_MIN_HW leaves out. With w and b frozen,
+# and in LayerNorm's and PolyNorm's backwards, halving rows of 32768 measured
+# faster on 1536 rows and fewer, slower on more (NOTES.md, section 6).
+GROUP_TRAINED_MIN_CHUNKS = 6
+GROUP_TRAINED_MIN_HW = 2048
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -676,11 +690,13 @@ def _wide_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _Row
     return wide if N % wide.block_n == 0 else t
 
 
-def _min_chunks(t: _RowTiling, x: torch.Tensor, N: int) -> _RowTiling:
-    """The long-row plan `t`, or for x's 16-bit rows of fewer than
-    LONG_MIN_CHUNKS chunks of LONG_CHUNK_MAX (20481 to 24576: three), twice
-    as many chunks, half as long, by the rule of LONG_MIN_CHUNKS."""
-    if t.one_pass or x.element_size() != 2 or t.block_n != LONG_CHUNK_MAX or _cdiv(N, t.block_n) >= LONG_MIN_CHUNKS:
+def _min_chunks(t: _RowTiling, x: torch.Tensor, N: int, min_chunks: Optional[int] = None) -> _RowTiling:
+    """The long-row plan `t`, or for x's 16-bit rows of fewer than min_chunks
+    (LONG_MIN_CHUNKS unless given) chunks of LONG_CHUNK_MAX (20481 to 24576:
+    three), twice as many chunks, half as long, by the rule of LONG_MIN_CHUNKS
+    (GROUP_TRAINED_MIN_CHUNKS gives more)."""
+    min_chunks = min_chunks or LONG_MIN_CHUNKS
+    if t.one_pass or x.element_size() != 2 or t.block_n != LONG_CHUNK_MAX or _cdiv(N, t.block_n) >= min_chunks:
         return t
     return t._replace(block_n=t.block_n // 2, num_warps=_warps_for(t.block_n // 2, LONG_ELEMENTS_PER_THREAD))
 
@@ -2624,8 +2640,11 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     if long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
         # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with
-        # either trained; six chunks, not three, at 20481 to 24576 (LONG_MIN_CHUNKS).
-        long_rows = _min_chunks(long_rows, x, C // num_groups * HW)
+        # either trained; six chunks, not three, at 20481 to 24576
+        # (LONG_MIN_CHUNKS), and trained up to 40960 (GROUP_TRAINED_MIN_CHUNKS).
+        trained_halves = (compute_dw or compute_db) and HW >= GROUP_TRAINED_MIN_HW
+        long_rows = _min_chunks(long_rows, x, C // num_groups * HW,
+                                GROUP_TRAINED_MIN_CHUNKS if trained_halves else LONG_MIN_CHUNKS)
         if not (compute_dw or compute_db):
             long_rows = _wide_chunks(long_rows, x, B * num_groups, C // num_groups * HW)
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)

@@ -505,6 +505,24 @@ def test_min_chunks_group_norm(call, dtype, chunk):
         check_op(OPS["gn"], (2, 6, 64, 64), dtype, params, _with_grads("gn"), groups=1)
 
 
+@pytest.mark.parametrize("shape, call, chunk", [
+    ((64, 256, 64, 64, 32), "trainable", 4096),    # rows of 8 channels of 4096: halved,
+    ((64, 320, 64, 64, 32), "trainable", 4096),    # 10 of 4096 (five chunks of 8192) too,
+    ((64, 384, 64, 64, 32), "trainable", 8192),    # not 12 of 4096 (six),
+    ((64, 1024, 32, 32, 32), "trainable", 8192),   # nor channels of 1024 (GROUP_TRAINED_MIN_HW),
+    ((64, 256, 64, 64, 32), "all frozen", 8192)])  # nor with w and b frozen
+def test_group_trained_min_chunks(shape, call, chunk):
+    """GROUP_TRAINED_MIN_CHUNKS: GroupNorm's long-row backward with w or b
+    trained halves chunks of 8192 on 16-bit rows of four or five of them,
+    where a channel has GROUP_TRAINED_MIN_HW positions or more (on meta
+    tensors). Then rows of 8 channels of 4096 (2 x 8 x 64 x 64, one group),
+    so planned, against float64, w and b trained."""
+    launch = _first_launch("gn", call, shape, torch.bfloat16)
+    assert launch.name.startswith("_long_row") and launch.constexprs["BLOCK_N"] == chunk, launch.name
+    if shape == (64, 256, 64, 64, 32) and call == "trainable":
+        check_op(OPS["gn"], (2, 8, 64, 64), torch.bfloat16, ALL_TRAIN["gn"], _with_grads("gn"), groups=1)
+
+
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
                          ids=["one-warp-tail-block", "masked"])
 def test_poly_long_rows_tail(warp_row_max, warps, tail, monkeypatch):
