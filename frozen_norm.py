@@ -2641,7 +2641,8 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         # One program per row; its pass 1 sums per group of lanes with w and b
         # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with
         # either trained; six chunks, not three, at 20481 to 24576
-        # (LONG_MIN_CHUNKS), and trained up to 40960 (GROUP_TRAINED_MIN_CHUNKS).
+        # (LONG_MIN_CHUNKS), and with either trained up to 40960 where a
+        # channel has GROUP_TRAINED_MIN_HW positions (GROUP_TRAINED_MIN_CHUNKS).
         trained_halves = (compute_dw or compute_db) and HW >= GROUP_TRAINED_MIN_HW
         long_rows = _min_chunks(long_rows, x, C // num_groups * HW,
                                 GROUP_TRAINED_MIN_CHUNKS if trained_halves else LONG_MIN_CHUNKS)
