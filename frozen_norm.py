@@ -2626,15 +2626,16 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     x3, dy3 = x.contiguous(), dy.contiguous()   # the kernels index them as (B, C, HW)
     dx, dw, db = _new_grads(x, weight, bias, compute_dx, compute_dw, compute_db)
     compute_dw, compute_db = dw is not None, db is not None   # none without the parameter
+    trains = compute_dw or compute_db
+    Cg = C // num_groups
     # The forward's splits and pieces (B, C, HW, G and the SM count set them,
     # not the tiles' loads or channels) sized its stats tensor: the same here.
-    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device,
-                      GROUP_SUM_CHANNELS if compute_dw or compute_db else 1)
+    t = _group_tiling(B, C, HW, num_groups, _element_bytes(x, dy), x.device, GROUP_SUM_CHANNELS if trains else 1)
     stats_shape = _group_stats_shape(B, num_groups, t)
     if tuple(stats.shape) != stats_shape or stats.dtype != torch.float32 or stats.device != x.device:
         raise ValueError(f"stats: expected the {stats_shape} fp32 tensor on {x.device} that group_norm_forward "
                          f"returns for this x, got {tuple(stats.shape)} {stats.dtype} on {stats.device}")
-    if x3.numel() == 0 or not (compute_dx or compute_dw or compute_db):
+    if x3.numel() == 0 or not (compute_dx or trains):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None and compute_dx:
@@ -2643,32 +2644,31 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         # either trained; six chunks, not three, at 20481 to 24576
         # (LONG_MIN_CHUNKS), and with either trained up to 40960 where a
         # channel has GROUP_TRAINED_MIN_HW positions (GROUP_TRAINED_MIN_CHUNKS).
-        trained_halves = (compute_dw or compute_db) and HW >= GROUP_TRAINED_MIN_HW
-        long_rows = _min_chunks(long_rows, x, C // num_groups * HW,
-                                GROUP_TRAINED_MIN_CHUNKS if trained_halves else LONG_MIN_CHUNKS)
-        if not (compute_dw or compute_db):
-            long_rows = _wide_chunks(long_rows, x, B * num_groups, C // num_groups * HW)
+        long_rows = _min_chunks(long_rows, x, Cg * HW,
+                                GROUP_TRAINED_MIN_CHUNKS if trains and HW >= GROUP_TRAINED_MIN_HW else None)
+        if not trains:
+            long_rows = _wide_chunks(long_rows, x, B * num_groups, Cg * HW)
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
         L = meta["N"]
         dw_partial, db_partial = _sum_targets(B, dw, db)
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            BLOCK_C=_group_long_sum_channels(C // num_groups, HW, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS,
+            BLOCK_C=_group_long_sum_channels(Cg, HW, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS,
             **meta)
     else:
         # The spare columns of the stats tensor are the sums launch's scratch,
         # a pair per program: `pieces` runs of tiles per split with w and b
         # frozen (per-lane sums), and with either trained where a split is
         # one channel (A and D are per channel), else whole splits.
-        sum_runs = 1 if (compute_dw or compute_db) and t.channels_per_split > 1 else t.pieces
+        sum_runs = 1 if trains and t.channels_per_split > 1 else t.pieces
         # Each run leaves its own row of dw and db sums: B * runs rows.
         dw_partial, db_partial = _sum_targets(B * sum_runs, dw, db)
 
         def launch(runs, pairs, **passes):
             _group_norm_bwd_kernel[(B * num_groups * t.splits * runs,)](
-                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, C // num_groups,
-                t.channels_per_split, t.splits, pairs, runs, stats.stride(0), HAS_W=weight is not None,
+                dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, Cg, t.channels_per_split,
+                t.splits, pairs, runs, stats.stride(0), HAS_W=weight is not None,
                 COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=t.block_c,
                 BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
 

@@ -488,39 +488,36 @@ def test_wide_chunks_group_norm(call, dtype, chunk):
         check_op(OPS["gn"], (2, 4, 128, 128), dtype, params, _with_grads("gn"), groups=1)
 
 
-@pytest.mark.parametrize("call, dtype, chunk", [("all frozen", torch.bfloat16, 4096),
-                                                ("trainable", torch.bfloat16, 4096),
-                                                ("all frozen", torch.float32, 8192),
-                                                ("forward", torch.bfloat16, 8192)])
-def test_min_chunks_group_norm(call, dtype, chunk):
+# GroupNorm's long-row backward: (size, first launch, dtype, its chunk).
+GROUP_MIN_CHUNK_CASES = [
+    ((64, 192, 64, 64, 32), "all frozen", torch.bfloat16, 4096),   # rows of 6 x 4096: halved (LONG_MIN_CHUNKS),
+    ((64, 192, 64, 64, 32), "trainable", torch.bfloat16, 4096),
+    ((64, 192, 64, 64, 32), "all frozen", torch.float32, 8192),    # not in fp32,
+    ((64, 192, 64, 64, 32), "forward", torch.bfloat16, 8192),      # nor in the forward;
+    ((64, 256, 64, 64, 32), "trainable", torch.bfloat16, 4096),    # trained, 8 of 4096 too,
+    ((64, 320, 64, 64, 32), "trainable", torch.bfloat16, 4096),    # and 10 of 4096 (GROUP_TRAINED_MIN_CHUNKS),
+    ((64, 384, 64, 64, 32), "trainable", torch.bfloat16, 8192),    # not 12 of 4096,
+    ((64, 1024, 32, 32, 32), "trainable", torch.bfloat16, 8192),   # nor channels of 1024 (GROUP_TRAINED_MIN_HW),
+    ((64, 256, 64, 64, 32), "all frozen", torch.bfloat16, 8192)]   # nor 8 of 4096 with w and b frozen
+
+
+@pytest.mark.parametrize("size, call, dtype, chunk", GROUP_MIN_CHUNK_CASES)
+def test_min_chunks_group_norm(size, call, dtype, chunk):
     """GroupNorm's backward on the long-row kernel, frozen or trained, takes
-    six chunks of 4096 on 16-bit rows of three chunks of 8192 (LONG_MIN_CHUNKS;
-    64 x 192 x 64 x 64 in 32 groups, rows of 6 x 4096, on meta tensors); its
-    forward and fp32 rows keep 8192. Then such rows (2 x 6 x 64 x 64, one
-    group) against float64, w and b frozen and trained."""
-    launch = _first_launch("gn", call, (64, 192, 64, 64, 32), dtype)
+    six chunks of 4096 on 16-bit rows of three chunks of 8192
+    (LONG_MIN_CHUNKS); with w or b trained also on rows of four or five,
+    where a channel has GROUP_TRAINED_MIN_HW positions or more
+    (GROUP_TRAINED_MIN_CHUNKS); its forward and fp32 rows keep 8192. The
+    first launch, on meta tensors (32 groups). Then rows of 6 and 8 channels
+    of 4096 (one group), so planned, against float64."""
+    launch = _first_launch("gn", call, size, dtype)
     assert launch.name.startswith("_long_row") and launch.constexprs["BLOCK_N"] == chunk, launch.name
-    if dtype == torch.bfloat16 and call != "forward":
+    runs = {((64, 192, 64, 64, 32), "all frozen"): (2, 6, 64, 64),
+            ((64, 192, 64, 64, 32), "trainable"): (2, 6, 64, 64),
+            ((64, 256, 64, 64, 32), "trainable"): (2, 8, 64, 64)}
+    if dtype == torch.bfloat16 and (size, call) in runs:
         params = (ALL_FROZEN if call == "all frozen" else ALL_TRAIN)["gn"]
-        check_op(OPS["gn"], (2, 6, 64, 64), dtype, params, _with_grads("gn"), groups=1)
-
-
-@pytest.mark.parametrize("shape, call, chunk", [
-    ((64, 256, 64, 64, 32), "trainable", 4096),    # rows of 8 channels of 4096: halved,
-    ((64, 320, 64, 64, 32), "trainable", 4096),    # 10 of 4096 (five chunks of 8192) too,
-    ((64, 384, 64, 64, 32), "trainable", 8192),    # not 12 of 4096 (six),
-    ((64, 1024, 32, 32, 32), "trainable", 8192),   # nor channels of 1024 (GROUP_TRAINED_MIN_HW),
-    ((64, 256, 64, 64, 32), "all frozen", 8192)])  # nor with w and b frozen
-def test_group_trained_min_chunks(shape, call, chunk):
-    """GROUP_TRAINED_MIN_CHUNKS: GroupNorm's long-row backward with w or b
-    trained halves chunks of 8192 on 16-bit rows of four or five of them,
-    where a channel has GROUP_TRAINED_MIN_HW positions or more (on meta
-    tensors). Then rows of 8 channels of 4096 (2 x 8 x 64 x 64, one group),
-    so planned, against float64, w and b trained."""
-    launch = _first_launch("gn", call, shape, torch.bfloat16)
-    assert launch.name.startswith("_long_row") and launch.constexprs["BLOCK_N"] == chunk, launch.name
-    if shape == (64, 256, 64, 64, 32) and call == "trainable":
-        check_op(OPS["gn"], (2, 8, 64, 64), torch.bfloat16, ALL_TRAIN["gn"], _with_grads("gn"), groups=1)
+        check_op(OPS["gn"], runs[size, call], dtype, params, _with_grads("gn"), groups=1)
 
 
 @pytest.mark.parametrize("warp_row_max, warps, tail", [(fn.POLY_WARP_ROW_MAX, 1, 8), (100, fn.MIN_WARPS, 32)],
