@@ -298,22 +298,37 @@ LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
 # Trainable backward of rows longer than ROW_BLOCK_MAX, up to this length,
 # with one trained parameter (RMSNorm's and FusedAdd's w, LayerNorm's w or b
-# alone): the tile kernel still holds the row's accumulator in registers if x
-# and dy do not stay there through the row reductions, so it loads them a
-# second time (RELOAD), from L1/L2, at 32 elements per thread (16 warps at
-# 16384, one program per SM; ptxas, Triton 3.6: 128 registers). That spares
-# the long-row path's dw/db kernel, which reads x and dy from DRAM again. The
-# variants with the most live values, FusedAdd's with ds and LayerNorm's with
-# dw (x centred), spill holding w's 32 fp32 registers through the loop (88 and
-# 48 bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 40 and 0
-# bytes), which measured faster; the others, which do not spill, measured
-# slower so. Two accumulators (LayerNorm's
-# dw and db) spill and measured slower, and so did 16 or 64 elements per
-# thread (64: 255 registers and a spill), a software pipeline, and fp32 x and
-# dy (twice the registers per element) in some cases (NOTES.md, section 6):
-# RELOAD is for 16-bit x and dy.
+# alone), 16-bit x and dy: the tile kernel, one row per tile at 32 elements
+# per thread (16 warps at 16384, one program per SM; ptxas, Triton 3.6: 128
+# registers), still holds the row's accumulator in registers. That spares the
+# long-row path's dw/db kernel, which reads x and dy from DRAM again. Rows up
+# to PIPED_ROW_MAX are piped (below); longer ones spill so, and there the
+# kernel keeps neither x nor dy through the row reductions but loads them a
+# second time (RELOAD), from L1/L2, with no pipeline (its buffers would hold
+# the second loads too). The RELOAD variants with the most live values,
+# FusedAdd's with ds and LayerNorm's with dw (x centred), spill holding w's
+# 32 fp32 registers through the loop (88 and 48 bytes), so they load w per
+# tile from L1/L2 instead (W_PER_TILE: 40 and 0 bytes), which measured
+# faster; the others, which do not spill, measured slower so. Two
+# accumulators (LayerNorm's dw and db) spill and measured slower, and so did
+# 16 or 64 elements per thread (64: 255 registers and a spill), a software
+# pipeline of depth 2, and fp32 x and dy (twice the registers per element) in
+# some cases (NOTES.md, section 6): both plans are for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
+# Piped rows (of ROW_BLOCK_MAX + 1 to this length, 3/4 of their tile): the
+# same tile kernel on its software pipeline (PIPELINE_STAGES: the next two
+# rows' x and dy, and w, in flight through shared memory, 192 KB at 16384),
+# with dw or db added *before* the row reductions, so that x and dy die there
+# and only xhat, g and the accumulator stay live, and with N a compile-time
+# constant (N_CONST), so that the tile's empty last quarter folds away: no
+# spill at 12288 (ptxas, Triton 3.6). w is loaded per row where its buffers
+# fit too (not FusedAdd's with ds: x, dy, ds and w would need 256 KB), else
+# held. Faster than RELOAD at every length measured up to 12288 (by up to 35
+# points; FusedAdd's at 8192 x 11264 0.7 points slower), slower past it,
+# where ptxas spills 120 bytes and more (NOTES.md, section 6). Whole tiles
+# and RELOAD add dw and db after dx, which measured faster for them.
+PIPED_ROW_MAX = 12288
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
 # 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
 # would read back the s that its pass 1 wrote. One tile measured faster from
@@ -532,15 +547,15 @@ def _smem_per_sm_of(device_index: int) -> int:
 
 
 def _pipeline_stages(bytes_per_iteration: int, programs_per_sm: int, device: torch.device,
-                     depth: int = PIPELINE_STAGES) -> int:
+                     depth: int = PIPELINE_STAGES, exact: bool = False) -> int:
     """Pipeline depth for a loop loading `bytes_per_iteration`: `depth`, or
     less such that the shared-memory buffers of `programs_per_sm` programs fit
     in an SM. Triton allocates depth - 1 buffers; the budget counts depth, for
-    headroom."""
+    headroom, or with `exact` depth - 1 (the piped rows' buffers, a row each)."""
     if device.type != "cuda":
         return depth
     budget = _smem_per_sm_of(_device_index(device)) // programs_per_sm - SMEM_RESERVE
-    return max(1, min(depth, budget // bytes_per_iteration))
+    return max(1, min(depth, budget // bytes_per_iteration + exact))
 
 
 def _warps_for(elements: int, elements_per_thread: int) -> int:
@@ -728,7 +743,7 @@ class _Grid(NamedTuple):
 
 
 def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bool,
-              depth: int = PIPELINE_STAGES) -> _Grid:
+              depth: int = PIPELINE_STAGES, exact: bool = False) -> _Grid:
     """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
     program looping over tiles through a software pipeline at most `depth`
     deep) or one program per tile. `loaded`: the tensors (or None) the loop
@@ -740,7 +755,7 @@ def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bo
     tiles_per_program = _cdiv(t.num_tiles, programs)
     stages = 1
     if t.one_pass and tiles_per_program > 1:
-        stages = _pipeline_stages(t.rows * t.block_n * _element_bytes(*loaded), per_sm, device, depth)
+        stages = _pipeline_stages(t.rows * t.block_n * _element_bytes(*loaded), per_sm, device, depth, exact)
     return _Grid(programs, tiles_per_program, stages)
 
 
@@ -1068,9 +1083,12 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # result is the same bit for bit on every run). Rows longer than ROW_BLOCK_MAX
 # leave no room in registers for both the row (x and dy, live through the c1
 # reduction) and that accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one
-# accumulator, the tile kernel makes room by not keeping the row: it loads x
-# and dy again after the reduction (RELOAD), from L1/L2. Past that, or with two
-# accumulators (LayerNorm's dw and db), `_row_norm_dwdb_kernel` swaps the loops
+# accumulator, the tile kernel makes room by not keeping the row: up to
+# PIPED_ROW_MAX it adds the row to the accumulator first, so that only xhat
+# and g live through the reduction, and pipelines the rows; past it, it loads
+# x and dy again after the reduction (RELOAD), from L1/L2. Longer rows, or two
+# accumulators (LayerNorm's dw and db), take dw and db from
+# `_row_norm_dwdb_kernel`, which swaps the loops
 # (each program owns a block of columns and walks the rows), at the price of
 # reading x and dy a second time from DRAM. Where its programs walk all the
 # rows (one row slice), their sums are dw itself: no scratch, no reduction launch.
@@ -1368,13 +1386,23 @@ def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W: tl.const
 
 
 @triton.jit
+def _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr):
+    """A tile's terms added to the dw (dy * xhat) and db (dy) accumulators asked for."""
+    if COMPUTE_DW:
+        dw_acc += dy * xhat
+    if COMPUTE_DB:
+        db_acc += dy
+    return dw_acc, db_acc
+
+
+@triton.jit
 def _row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); DWp, DBp: (P, N) fp32
     M, N, stride_dy, stride_x, stride_ds, stride_dx, tiles_per_program,
     OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
-    W_PER_TILE: tl.constexpr,
+    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -1411,10 +1439,18 @@ def _row_norm_bwd_kernel(
                   the reductions; for rows too long to hold there beside the
                   dw accumulator (RELOAD_ROW_BLOCK_MAX). False removes the
                   second loads.
-      W_PER_TILE  True loads w for every tile (from L1/L2) instead of once
-                  per program: its BLOCK_N / (32 * num_warps) fp32 registers
-                  are free between tiles. False removes the per-tile loads.
+      W_PER_TILE  True loads w for every tile (from L1/L2, or through the
+                  pipeline with STAGES > 1) instead of once per program: its
+                  BLOCK_N / (32 * num_warps) fp32 registers are free between
+                  tiles. False removes the per-tile loads.
+      N_CONST     0, or N as a compile-time constant, for the piped rows
+                  (PIPED_ROW_MAX): lanes past N fold away, and dw and db are
+                  added before the row reductions instead of after dx, so
+                  that x and dy need not live through them. 0 keeps N a
+                  run-time number (one compile for every N of a tile size).
     """
+    if N_CONST:
+        N = N_CONST   # the row length as a compile-time constant
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -1423,10 +1459,8 @@ def _row_norm_bwd_kernel(
     # The accumulators are tiles, summed over their rows once at the end: a
     # sum over the rows of every tile would cross warps (a shared-memory
     # round trip and a barrier per tile) when a tile holds several rows.
-    if COMPUTE_DW:
-        dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    if COMPUTE_DB:
-        db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32) if COMPUTE_DW else 0.0   # 0.0: a placeholder, unused
+    db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32) if COMPUTE_DB else 0.0
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
@@ -1437,6 +1471,8 @@ def _row_norm_bwd_kernel(
             w = _load_scale(W, cols, N, OFFSET) if W_PER_TILE else w_held
         dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
                                       "evict_last" if RELOAD else "")
+        if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
+            dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
         if COMPUTE_DX:
             c1 = tl.sum(xhat * g, axis=1) / N
             if CENTER:
@@ -1452,10 +1488,8 @@ def _row_norm_bwd_kernel(
                 dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
             dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
             tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
-        if COMPUTE_DW:
-            dw_acc += dy * xhat
-        if COMPUTE_DB:
-            db_acc += dy
+        if not N_CONST:
+            dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
     if COMPUTE_DW:
         tl.store(DWp + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
     if COMPUTE_DB:
@@ -1755,9 +1789,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL).
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel with RELOAD, one row per tile (132 rows on an H200 at N = 16384:
-    8.7 MB), when x and dy are 16-bit and N and the row strides are
-    multiples of 16 (else its loads would not vectorize). Longer
+    kernel, one row per tile, piped up to PIPED_ROW_MAX and with RELOAD past
+    it (132 rows on an H200 at N = 16384: 8.7 MB), when x and dy are 16-bit
+    and N and the row strides are multiples of 16 (else its loads would not
+    vectorize). Longer
     rows: dx from `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb`
     into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1;
     with S = 1 (P = 1 for the tile kernel) the kernel writes dw and db
@@ -1801,23 +1836,32 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         t = _few_whole_chunks(t, x, M, N, **plan)
     if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
-    reload = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
-              and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
-    if reload:
+    # Rows past ROW_BLOCK_MAX with dx and one trained parameter: in the tile
+    # kernel, a row per tile, piped (PIPED_ROW_MAX) or else with RELOAD.
+    one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
+               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
+    piped = one_acc and N <= PIPED_ROW_MAX
+    reload = one_acc and not piped
+    if one_acc:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
     # RELOAD's variants that spill holding w, FusedAdd's with ds and LayerNorm's
-    # with dw, load it per tile (see RELOAD_ROW_BLOCK_MAX).
+    # with dw, load it per tile (see RELOAD_ROW_BLOCK_MAX); piped rows where
+    # its buffers fit beside x's and dy's (see PIPED_ROW_MAX).
     w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
+    if piped and weight is not None:
+        w_bytes = t.block_n * _element_bytes(x, dy, ds, weight)
+        w_per_tile = _pipeline_stages(w_bytes, _programs_per_sm(t.num_warps), x.device, exact=True) == PIPELINE_STAGES
     dw_partial = db_partial = None
     if t.one_pass:
-        # Rows that fit in registers beside dw/db accumulators (with RELOAD:
-        # the accumulator beside one row's loads at a time): a persistent grid,
-        # whose programs accumulate dw/db. With neither asked, one program
-        # per tile, as in the forward.
+        # Rows that fit in registers beside dw/db accumulators (piped or with
+        # RELOAD: the accumulator beside one row's loads at a time): a
+        # persistent grid, whose programs accumulate dw/db. With neither
+        # asked, one program per tile, as in the forward. Piped rows take
+        # PIPELINE_STAGES, padded or not: two rows' buffers are what fits.
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
-        g = _row_grid(t, (x, dy, ds), x.device, persistent=trains,
-                      depth=PADDED_PIPELINE_STAGES if padded else PIPELINE_STAGES)
+        g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains,
+                      depth=PADDED_PIPELINE_STAGES if padded and not piped else PIPELINE_STAGES, exact=piped)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
@@ -1826,7 +1870,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, W_PER_TILE=w_per_tile,
-            num_warps=t.num_warps)
+            N_CONST=N if piped else 0, num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is

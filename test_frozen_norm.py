@@ -561,14 +561,25 @@ def test_long_row_chunk_past_the_row(name, monkeypatch):
     check_op(OPS[name], (37, 100), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
 
-# Backward patterns with one trained parameter, hence one accumulator (RELOAD's condition).
+# Backward patterns with one trained parameter, hence one accumulator (the
+# condition of the piped rows and of RELOAD).
 ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {"weight": TRAIN, "bias": FROZEN}),
                ("ln", {"weight": FROZEN, "bias": TRAIN})]
 
 
-def _reload_of(name, N, want, dtype=torch.bfloat16):
-    """The tile backward's RELOAD in one recorded backward call of 37 rows of
-    N; None when the call takes the long-row kernels instead."""
+def _one_acc_limits(monkeypatch):
+    """Small limits for the rows past a tile that train one parameter: tiles
+    up to 64, piped rows up to 192 (3/4 of their tile of 256), RELOAD up to 256."""
+    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
+    monkeypatch.setattr(fn, "PIPED_ROW_MAX", 192)
+    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+
+
+def _one_acc_plan(name, N, want, dtype=torch.bfloat16):
+    """How one recorded backward call of 37 rows of N runs: in the tile
+    kernel, "piped" (a row per tile, N a compile-time constant), "reload" (a
+    row per tile, x and dy loaded twice) or "tile" (whole tiles as always);
+    None where it takes the long-row kernels instead."""
     from bench_frozen_norm import record_backward
     launches = record_backward(name, (37, N), want, dtype).launches
     names = [lc.name for lc in launches]
@@ -576,75 +587,90 @@ def _reload_of(name, N, want, dtype=torch.bfloat16):
         assert {"_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"} & set(names), names
         return None
     assert names[1:] in ([], ["_sum_partials_kernel"]), names
-    return launches[0].constexprs["RELOAD"]
+    c = launches[0].constexprs
+    if c["N_CONST"]:
+        assert (c["N_CONST"], c["RELOAD"]) == (N, False)
+        return "piped"
+    return "reload" if c["RELOAD"] else "tile"
 
 
+@pytest.mark.parametrize("N, plan", [(176, "piped"), (208, "reload")])
 @pytest.mark.parametrize("name, params", ONE_TRAINED, ids=lambda v: v if isinstance(v, str) else pattern_id(v, {}))
-def test_reload_backward(name, params, monkeypatch):
+def test_one_acc_backward(name, params, N, plan, monkeypatch):
     """Rows past ROW_BLOCK_MAX, up to RELOAD_ROW_BLOCK_MAX, whose backward
-    trains one parameter take the tile kernel with RELOAD (x and dy loaded a
-    second time for dx and dw), at small limits: 208 columns (a multiple of
-    16) in tiles of 256, 37 rows looping over the programs; FusedAdd with both
-    outputs used (ds); fp16, as RELOAD takes 16-bit inputs only. Bitwise the
-    same outputs and gradients on a second run."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
-    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+    trains one parameter take the tile kernel, a row per tile: piped up to
+    PIPED_ROW_MAX (dw or db added before the row reductions, N a compile-time
+    constant), else with RELOAD (x and dy loaded a second time for dx and
+    dw), at small limits: 176 and 208 columns (multiples of 16) in tiles of
+    256, 37 rows looping over the programs (the last tiles past M); FusedAdd
+    with both outputs used (ds); fp16, as both take 16-bit inputs only.
+    Bitwise the same outputs and gradients on a second run."""
+    _one_acc_limits(monkeypatch)
     want = {"dx": 1, "dw": params["weight"] == TRAIN}
     if "bias" in params:
         want["db"] = params["bias"] == TRAIN
-    assert _reload_of(name, 208, want, torch.float16) is True
-    d = check_op(OPS[name], (37, 208), torch.float16, params, _with_grads(name))
+    assert _one_acc_plan(name, N, want, torch.float16) == plan
+    d = check_op(OPS[name], (37, N), torch.float16, params, _with_grads(name))
     first, second = _outputs_and_grads(OPS[name], d), _outputs_and_grads(OPS[name], d)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-@pytest.mark.parametrize("name, want, N, reload", [
-    ("rms", dict(dx=1, dw=1), 208, True), ("ln", dict(dx=1, dw=0, db=1), 208, True),
+@pytest.mark.parametrize("name, want, N, plan", [
+    ("rms", dict(dx=1, dw=1), 176, "piped"), ("rms", dict(dx=1, dw=1), 192, "piped"),   # up to PIPED_ROW_MAX
+    ("ln", dict(dx=1, dw=0, db=1), 96, "piped"), ("fadd", dict(dx=1, dw=1), 176, "piped"),
+    ("rms", dict(dx=1, dw=1), 208, "reload"), ("ln", dict(dx=1, dw=0, db=1), 208, "reload"),
     ("rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None),   # fp32: twice the registers, it spills
-    ("ln", dict(dx=1, dw=1, db=1), 208, None),     # two accumulators: the long-row kernels
-    ("rms", dict(dx=1, dw=0), 208, None),          # nothing trained: the long-row dx kernel alone
-    ("rms", dict(dx=0, dw=1), 208, None),          # no dx: the dw/db kernel reads x and dy once
+    ("rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None),
+    ("ln", dict(dx=1, dw=1, db=1), 176, None),     # two accumulators: the long-row kernels
+    ("rms", dict(dx=1, dw=0), 176, None),          # nothing trained: the long-row dx kernel alone
+    ("rms", dict(dx=0, dw=1), 176, None),          # no dx: the dw/db kernel reads x and dy once
     ("rms", dict(dx=1, dw=1), 200, None),          # not a multiple of 16: the loads would not vectorize
+    ("rms", dict(dx=1, dw=1), 168, None),
     ("rms", dict(dx=1, dw=1), 272, None),          # past RELOAD_ROW_BLOCK_MAX
-    ("rms", dict(dx=1, dw=1), 48, False),          # within ROW_BLOCK_MAX: the tile kernel as always
+    ("rms", dict(dx=1, dw=1), 48, "tile"),         # within ROW_BLOCK_MAX: the tile kernel as always
 ])
-def test_reload_is_chosen(name, want, N, reload, monkeypatch):
-    """When the backward takes RELOAD, at small limits (64 and 256)."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
-    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+def test_one_acc_plan_is_chosen(name, want, N, plan, monkeypatch):
+    """Which rows the backward pipes or reloads, at small limits (64, 192 and 256)."""
+    _one_acc_limits(monkeypatch)
     want = dict(want)
-    assert _reload_of(name, N, want, want.pop("dtype", torch.bfloat16)) is reload
+    assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == plan
 
 
 @pytest.mark.parametrize("name, want, N, per_tile", [
     ("rms", dict(dx=1, dw=1), 208, False), ("fadd", dict(dx=1, dw=1), 208, True),
     ("ln", dict(dx=1, dw=1, db=0), 208, True), ("ln", dict(dx=1, dw=0, db=1), 208, False),
-    ("fadd", dict(dx=1, dw=1), 48, False),   # within ROW_BLOCK_MAX: no RELOAD, w held
+    ("rms", dict(dx=1, dw=1), 176, True), ("ln", dict(dx=1, dw=0, db=1), 176, True),   # piped
+    ("fadd", dict(dx=1, dw=1), 48, False),   # within ROW_BLOCK_MAX: w held
 ])
-def test_reload_w_per_tile(name, want, N, per_tile, monkeypatch):
+def test_one_acc_w_per_tile(name, want, N, per_tile, monkeypatch):
     """RELOAD's variants that spill holding w through the loop (FusedAdd's
-    with ds, LayerNorm's with dw) load it per tile (W_PER_TILE); every other
-    launch holds it. Their results: `test_reload_backward`."""
+    with ds, LayerNorm's with dw) and the piped rows, where w's pipeline
+    buffers fit (no GPU here: they do), load it per tile (W_PER_TILE); every
+    other launch holds it. Their results: `test_one_acc_backward`; the
+    buffers: `test_pipeline_buffers_fit_shared_memory`."""
     from bench_frozen_norm import record_backward
-    monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
-    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
+    _one_acc_limits(monkeypatch)
     launch = record_backward(name, (37, N), want).launches[0]
     assert launch.name == "_row_norm_bwd_kernel"
-    assert (launch.constexprs["RELOAD"], launch.constexprs["W_PER_TILE"]) == (N > 64, per_tile)
+    assert (launch.constexprs["RELOAD"], launch.constexprs["W_PER_TILE"]) == (N > 192, per_tile)
 
 
-def test_reload_backward_real_limits():
-    """RELOAD at the real limits: 16384 in a tile of 16 warps, 16400 in the
-    long-row kernels; and RMSNorm's trainable backward run on a row of 9008
-    in a tile of 16384 (bf16)."""
+def test_one_acc_backward_real_limits():
+    """The real limits: rows of PIPED_ROW_MAX piped, rows of RELOAD_ROW_BLOCK_MAX
+    with RELOAD, both in a tile of 16384 on 16 warps, 16400 in the long-row
+    kernels; RMSNorm's trainable backward run piped on a row of 9008 in a tile
+    of 16384 (bf16), and with RELOAD on a row of 12304."""
     from bench_frozen_norm import VARIANTS, record_backward
-    real = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX), VARIANTS["rms"]["trainable"]).launches[0]
-    assert (real.name, real.constexprs["RELOAD"], real.constexprs["BLOCK_N"], real.num_warps) == (
-        "_row_norm_bwd_kernel", True, fn.RELOAD_ROW_BLOCK_MAX,
-        fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD)
+    warps = fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD
+    for N, n_const, reload in ((fn.PIPED_ROW_MAX, fn.PIPED_ROW_MAX, False), (fn.RELOAD_ROW_BLOCK_MAX, 0, True)):
+        real = record_backward("rms", (4, N), VARIANTS["rms"]["trainable"]).launches[0]
+        c = real.constexprs
+        assert (real.name, c["N_CONST"], c["RELOAD"], c["BLOCK_N"], real.num_warps) == (
+            "_row_norm_bwd_kernel", n_const, reload, fn.RELOAD_ROW_BLOCK_MAX, warps)
     longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
     assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
-    check_op(OPS["rms"], (3, 9008), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
+    for N in (9008, fn.PIPED_ROW_MAX + 16):
+        check_op(OPS["rms"], (3, N), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
 
 
 def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
@@ -1693,15 +1719,19 @@ def test_pipeline_buffers_fit_shared_memory(monkeypatch, smem_kib):
     an SM inside its shared memory, and still pipelines where they fit."""
     monkeypatch.setattr(fn, "_smem_per_sm_of", lambda index: smem_kib * 1024)
     cuda = torch.device("cuda", 0)
-    for tile_bytes in (4096 * 2 * 2, 8192 * 2 * 4, 8192 * 2 * 8, 16384 * 8):
+    for tile_bytes in (4096 * 2 * 2, 8192 * 2 * 4, 8192 * 2 * 8, 16384 * 8, 16384 * 2 * 3, 16384 * 2 * 4):
         for programs_per_sm in (1, 2, 4):
             for depth in (fn.PIPELINE_STAGES, fn.PADDED_PIPELINE_STAGES):
-                stages = fn._pipeline_stages(tile_bytes, programs_per_sm, cuda, depth)
-                assert 1 <= stages <= depth
-                # Triton allocates stages - 1 tile buffers per program.
-                assert programs_per_sm * ((stages - 1) * tile_bytes + fn.SMEM_RESERVE) <= smem_kib * 1024
+                for exact in (False, True):
+                    stages = fn._pipeline_stages(tile_bytes, programs_per_sm, cuda, depth, exact)
+                    assert 1 <= stages <= depth
+                    # Triton allocates stages - 1 tile buffers per program.
+                    assert programs_per_sm * ((stages - 1) * tile_bytes + fn.SMEM_RESERVE) <= smem_kib * 1024
     if smem_kib >= 164:   # bf16 x and dy at N = 4096, two programs per SM: the full depth fits
         assert fn._pipeline_stages(4096 * 2 * 2, 2, cuda) == fn.PIPELINE_STAGES
+    if smem_kib == 228:   # piped rows of 16384: x, dy and w fit two buffers; with ds too, w is held
+        assert fn._pipeline_stages(16384 * 2 * 3, 1, cuda, exact=True) == fn.PIPELINE_STAGES
+        assert fn._pipeline_stages(16384 * 2 * 4, 1, cuda, exact=True) < fn.PIPELINE_STAGES
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -1986,11 +2016,11 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
 
 # One shape per path, for CUDA-graph capture and for the tests of the device
 # a launch goes to: short rows (the tile kernels), long rows (the long-row
-# kernels, or RELOAD's tiles; where the dw/db kernel runs, as for LayerNorm's
-# trained rows, a capture runs it beside the dx kernel, in one row slice),
-# GroupNorm with 256 rows and with 4 rows split over programs (the two-launch
-# path).
-GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((200, 16384), None)],
+# kernels, or the piped and RELOAD's tiles; where the dw/db kernel runs, as
+# for LayerNorm's trained rows, a capture runs it beside the dx kernel, in one
+# row slice), GroupNorm with 256 rows and with 4 rows split over programs (the
+# two-launch path).
+GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((300, 12288), None), ((200, 16384), None)],
                    "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
 
@@ -2086,11 +2116,12 @@ def test_huge_hidden_size(name):
 
 
 # Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
-# every kernel: the row tiles (RMSNorm), RELOAD (FusedAdd trained), the long
-# rows and the dw/db kernel (LayerNorm; FusedAdd frozen), PolyNorm's tiles
-# (1024) and long rows (32768), GroupNorm's long rows (32 groups) and split
-# rows (2).
-HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("fadd", (2**31 // 16384 + 1, 16384), None),
+# every kernel: the row tiles (RMSNorm), the piped rows (RMSNorm trained),
+# RELOAD (FusedAdd trained), the long rows and the dw/db kernel (LayerNorm;
+# FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768), GroupNorm's
+# long rows (32 groups) and split rows (2).
+HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 12288 + 1, 12288), None),
+              ("fadd", (2**31 // 16384 + 1, 16384), None),
               ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
               ("poly", (2**31 // 32768 + 1, 32768), None),
               ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2)]
@@ -2165,8 +2196,9 @@ def test_more_than_2_31_elements(monkeypatch):
             torch.cuda.empty_cache()
 
 
-# Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, RELOAD's
-# 16384, the forwards' pre-sum from 24576, the tile sizes), and a few odd ones.
+# Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, the piped
+# rows' 12288, RELOAD's 16384, the forwards' pre-sum from 24576, the tile
+# sizes), and a few odd ones.
 RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 5000, 8192, 8193, 12288, 12290,
                       16384, 16385, 20480, 24576, 24592, 32768, 32769, 40000, 65536, 70001]
 
@@ -2207,7 +2239,7 @@ def _random_case(seed):
                          [_random_case(seed) for seed in range(48)])
 def test_random_cases(name, shape, groups, dtype, param_dtype, params, inputs, layout):
     """Drawn configurations at real sizes, on the GPU only: the CPU tests reach
-    the long-row, RELOAD and split plans by lowering their limits, here the
+    the long-row, piped, RELOAD and split plans by lowering their limits, here the
     real limits and SM count choose them, with other layouts and dtypes."""
     check_op(OPS[name], shape, dtype, params, inputs, groups, param_dtype, layout=LAYOUTS[layout])
 
