@@ -747,7 +747,8 @@ def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bo
     """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
     program looping over tiles through a software pipeline at most `depth`
     deep) or one program per tile. `loaded`: the tensors (or None) the loop
-    loads a tile of, which set the pipeline's depth."""
+    loads a tile of, which set the pipeline's depth (`exact`: see
+    `_pipeline_stages`)."""
     if not persistent:
         return _Grid(t.num_tiles, 1, 1)
     per_sm = _programs_per_sm(t.num_warps)
@@ -1447,7 +1448,7 @@ def _row_norm_bwd_kernel(
                   (PIPED_ROW_MAX): lanes past N fold away, and dw and db are
                   added before the row reductions instead of after dx, so
                   that x and dy need not live through them. 0 keeps N a
-                  run-time number (one compile for every N of a tile size).
+                  run-time number (one compile serves every N of a tile).
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
