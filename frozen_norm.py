@@ -555,7 +555,8 @@ def _pipeline_stages(bytes_per_iteration: int, programs_per_sm: int, device: tor
     if device.type != "cuda":
         return depth
     budget = _smem_per_sm_of(_device_index(device)) // programs_per_sm - SMEM_RESERVE
-    return max(1, min(depth, budget // bytes_per_iteration + exact))
+    fit = budget // bytes_per_iteration   # buffers that fit
+    return max(1, min(depth, fit + 1 if exact else fit))
 
 
 def _warps_for(elements: int, elements_per_thread: int) -> int:
