@@ -26,7 +26,9 @@ What you will learn by reading it
   statistics before y (a layout change through shared memory is a wait).
 * A persistent grid whose loop over tiles Triton software-pipelines
   (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
-  through shared memory, while the current tile is reduced).
+  through shared memory, while the current tile is reduced); and how the
+  order of independent work sets register pressure: a row's dw added before
+  its reductions lets x and dy die there (the piped rows).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
