@@ -576,22 +576,23 @@ def _one_acc_limits(monkeypatch):
 
 
 def _one_acc_plan(name, N, want, dtype=torch.bfloat16):
-    """How one recorded backward call of 37 rows of N runs: in the tile
-    kernel, "piped" (a row per tile, N a compile-time constant), "reload" (a
-    row per tile, x and dy loaded twice) or "tile" (whole tiles as always);
-    None where it takes the long-row kernels instead."""
+    """How one recorded backward call of 37 rows of N runs, and whether it
+    loads w per tile (W_PER_TILE): in the tile kernel, "piped" (a row per
+    tile, N a compile-time constant), "reload" (a row per tile, x and dy
+    loaded twice) or "tile" (whole tiles as always); (None, None) where it
+    takes the long-row kernels instead."""
     from bench_frozen_norm import record_backward
     launches = record_backward(name, (37, N), want, dtype).launches
     names = [lc.name for lc in launches]
     if "_row_norm_bwd_kernel" not in names:
         assert {"_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"} & set(names), names
-        return None
+        return None, None
     assert names[1:] in ([], ["_sum_partials_kernel"]), names
     c = launches[0].constexprs
     if c["N_CONST"]:
         assert (c["N_CONST"], c["RELOAD"]) == (N, False)
-        return "piped"
-    return "reload" if c["RELOAD"] else "tile"
+        return "piped", c["W_PER_TILE"]
+    return ("reload" if c["RELOAD"] else "tile"), c["W_PER_TILE"]
 
 
 @pytest.mark.parametrize("N, plan", [(176, "piped"), (208, "reload")])
@@ -609,50 +610,39 @@ def test_one_acc_backward(name, params, N, plan, monkeypatch):
     want = {"dx": 1, "dw": params["weight"] == TRAIN}
     if "bias" in params:
         want["db"] = params["bias"] == TRAIN
-    assert _one_acc_plan(name, N, want, torch.float16) == plan
+    assert _one_acc_plan(name, N, want, torch.float16)[0] == plan
     d = check_op(OPS[name], (37, N), torch.float16, params, _with_grads(name))
     first, second = _outputs_and_grads(OPS[name], d), _outputs_and_grads(OPS[name], d)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-@pytest.mark.parametrize("name, want, N, plan", [
-    ("rms", dict(dx=1, dw=1), 176, "piped"), ("rms", dict(dx=1, dw=1), 192, "piped"),   # up to PIPED_ROW_MAX
-    ("ln", dict(dx=1, dw=0, db=1), 96, "piped"), ("fadd", dict(dx=1, dw=1), 176, "piped"),
-    ("rms", dict(dx=1, dw=1), 208, "reload"), ("ln", dict(dx=1, dw=0, db=1), 208, "reload"),
-    ("rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None),   # fp32: twice the registers, it spills
-    ("rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None),
-    ("ln", dict(dx=1, dw=1, db=1), 176, None),     # two accumulators: the long-row kernels
-    ("rms", dict(dx=1, dw=0), 176, None),          # nothing trained: the long-row dx kernel alone
-    ("rms", dict(dx=0, dw=1), 176, None),          # no dx: the dw/db kernel reads x and dy once
-    ("rms", dict(dx=1, dw=1), 200, None),          # not a multiple of 16: the loads would not vectorize
-    ("rms", dict(dx=1, dw=1), 168, None),
-    ("rms", dict(dx=1, dw=1), 272, None),          # past RELOAD_ROW_BLOCK_MAX
-    ("rms", dict(dx=1, dw=1), 48, "tile"),         # within ROW_BLOCK_MAX: the tile kernel as always
+@pytest.mark.parametrize("name, want, N, plan, per_tile", [
+    ("rms", dict(dx=1, dw=1), 176, "piped", True), ("rms", dict(dx=1, dw=1), 192, "piped", True),   # to PIPED_ROW_MAX
+    ("ln", dict(dx=1, dw=0, db=1), 96, "piped", True), ("ln", dict(dx=1, dw=0, db=1), 176, "piped", True),
+    ("fadd", dict(dx=1, dw=1), 176, "piped", True),
+    ("rms", dict(dx=1, dw=1), 208, "reload", False), ("ln", dict(dx=1, dw=0, db=1), 208, "reload", False),
+    ("fadd", dict(dx=1, dw=1), 208, "reload", True), ("ln", dict(dx=1, dw=1, db=0), 208, "reload", True),
+    ("rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None, None),   # fp32: twice the registers, it spills
+    ("rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None, None),
+    ("ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels
+    ("rms", dict(dx=1, dw=0), 176, None, None),          # nothing trained: the long-row dx kernel alone
+    ("rms", dict(dx=0, dw=1), 176, None, None),          # no dx: the dw/db kernel reads x and dy once
+    ("rms", dict(dx=1, dw=1), 200, None, None),          # not a multiple of 16: the loads would not vectorize
+    ("rms", dict(dx=1, dw=1), 168, None, None),
+    ("rms", dict(dx=1, dw=1), 272, None, None),          # past RELOAD_ROW_BLOCK_MAX
+    ("rms", dict(dx=1, dw=1), 48, "tile", False),        # within ROW_BLOCK_MAX: the tile kernel as always
+    ("fadd", dict(dx=1, dw=1), 48, "tile", False),
 ])
-def test_one_acc_plan_is_chosen(name, want, N, plan, monkeypatch):
-    """Which rows the backward pipes or reloads, at small limits (64, 192 and 256)."""
+def test_one_acc_plan_is_chosen(name, want, N, plan, per_tile, monkeypatch):
+    """Which rows the backward pipes or reloads, at small limits (64, 192 and
+    256), and which load w per tile (W_PER_TILE): RELOAD's variants that spill
+    holding w through the loop (FusedAdd's with ds, LayerNorm's with dw) and
+    the piped rows, where w's pipeline buffers fit (no GPU here: they do;
+    the buffers: `test_pipeline_buffers_fit_shared_memory`); every other
+    launch holds it. Their results: `test_one_acc_backward`."""
     _one_acc_limits(monkeypatch)
     want = dict(want)
-    assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == plan
-
-
-@pytest.mark.parametrize("name, want, N, per_tile", [
-    ("rms", dict(dx=1, dw=1), 208, False), ("fadd", dict(dx=1, dw=1), 208, True),
-    ("ln", dict(dx=1, dw=1, db=0), 208, True), ("ln", dict(dx=1, dw=0, db=1), 208, False),
-    ("rms", dict(dx=1, dw=1), 176, True), ("ln", dict(dx=1, dw=0, db=1), 176, True),   # piped
-    ("fadd", dict(dx=1, dw=1), 48, False),   # within ROW_BLOCK_MAX: w held
-])
-def test_one_acc_w_per_tile(name, want, N, per_tile, monkeypatch):
-    """RELOAD's variants that spill holding w through the loop (FusedAdd's
-    with ds, LayerNorm's with dw) and the piped rows, where w's pipeline
-    buffers fit (no GPU here: they do), load it per tile (W_PER_TILE); every
-    other launch holds it. Their results: `test_one_acc_backward`; the
-    buffers: `test_pipeline_buffers_fit_shared_memory`."""
-    from bench_frozen_norm import record_backward
-    _one_acc_limits(monkeypatch)
-    launch = record_backward(name, (37, N), want).launches[0]
-    assert launch.name == "_row_norm_bwd_kernel"
-    assert (launch.constexprs["RELOAD"], launch.constexprs["W_PER_TILE"]) == (N > 192, per_tile)
+    assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == (plan, per_tile)
 
 
 def test_one_acc_backward_real_limits():
