@@ -304,18 +304,19 @@ LONG_FWD_PRESUM_AFTER = 24576
 # per thread (16 warps at 16384, one program per SM; ptxas, Triton 3.6: 128
 # registers), still holds the row's accumulator in registers. That spares the
 # long-row path's dw/db kernel, which reads x and dy from DRAM again. Rows up
-# to PIPED_ROW_MAX are piped (below); longer ones spill so, and there the
-# kernel keeps neither x nor dy through the row reductions but loads them a
-# second time (RELOAD), from L1/L2, with no pipeline (its buffers would hold
-# the second loads too). The RELOAD variants with the most live values,
-# FusedAdd's with ds and LayerNorm's with dw (x centred), spill holding w's
-# 32 fp32 registers through the loop (88 and 48 bytes), so they load w per
-# tile from L1/L2 instead (W_PER_TILE: 40 and 0 bytes), which measured
-# faster; the others, which do not spill, measured slower so. Two
-# accumulators (LayerNorm's dw and db) spill and measured slower, and so did
-# 16 or 64 elements per thread (64: 255 registers and a spill), a software
-# pipeline of depth 2, and fp32 x and dy (twice the registers per element) in
-# some cases (NOTES.md, section 6): both plans are for 16-bit x and dy.
+# to PIPED_ROW_MAX, and rows of RELOAD_ROW_BLOCK_MAX, are piped (below); the
+# others spill so, and there the kernel keeps neither x nor dy through the row
+# reductions but loads them a second time (RELOAD), from L1/L2, with no
+# pipeline (its buffers would hold the second loads too). The RELOAD variants
+# with the most live values, FusedAdd's with ds and LayerNorm's with dw (x
+# centred), spill holding w's 32 fp32 registers through the loop (88 and 48
+# bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 40 and 0
+# bytes), which measured faster; the others, which do not spill, measured
+# slower so. Two accumulators (LayerNorm's dw and db) spill and measured
+# slower, and so did 16 or 64 elements per thread (64: 255 registers and a
+# spill), a software pipeline of depth 2, and fp32 x and dy (twice the
+# registers per element) in some cases (NOTES.md, section 6): both plans are
+# for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
 # Piped rows (of ROW_BLOCK_MAX + 1 to this length, 3/4 of their tile): the
@@ -326,10 +327,14 @@ RELOAD_ELEMENTS_PER_THREAD = 32
 # constant (N_CONST), so that the tile's empty last quarter folds away: no
 # spill at 12288 (ptxas, Triton 3.6). w is loaded per row where its buffers
 # fit too (not FusedAdd's with ds: x, dy, ds and w would need 256 KB), else
-# held. Faster than RELOAD at every length measured up to 12288 (by up to 35
-# points; FusedAdd's at 8192 x 11264 0.7 points slower), slower past it,
-# where ptxas spills 120 bytes and more (NOTES.md, section 6). Whole tiles
-# and RELOAD add dw and db after dx, which measured faster for them.
+# held. Faster than RELOAD at every length measured up to 12288 (but one
+# FusedAdd shape, by less than a point), slower past it, where ptxas spills
+# 120 bytes and more, except at RELOAD_ROW_BLOCK_MAX itself: a row that fills
+# its tile has no masked lane to zero (N_CONST in `_row_norm_bwd_kernel`),
+# and without that select no variant spills if w is loaded per row, which
+# FusedAdd's with ds does through a pipeline of depth 2 (one 128 KB buffer).
+# There piped rows measured faster than RELOAD too (NOTES.md, section 6).
+# Whole tiles and RELOAD add dw and db after dx, which measured faster for them.
 PIPED_ROW_MAX = 12288
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
 # 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
@@ -1088,9 +1093,10 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # leave no room in registers for both the row (x and dy, live through the c1
 # reduction) and that accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one
 # accumulator, the tile kernel makes room by not keeping the row: up to
-# PIPED_ROW_MAX it adds the row to the accumulator first, so that only xhat
-# and g live through the reduction, and pipelines the rows; past it, it loads
-# x and dy again after the reduction (RELOAD), from L1/L2. Longer rows, or two
+# PIPED_ROW_MAX (and at RELOAD_ROW_BLOCK_MAX) it adds the row to the
+# accumulator first, so that only xhat and g live through the reduction, and
+# pipelines the rows; between, it loads x and dy again after the reduction
+# (RELOAD), from L1/L2. Longer rows, or two
 # accumulators (LayerNorm's dw and db), take dw and db from
 # `_row_norm_dwdb_kernel`, which swaps the loops
 # (each program owns a block of columns and walks the rows), at the price of
@@ -1376,13 +1382,19 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
 
 
 @triton.jit
-def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W: tl.constexpr, EVICT: tl.constexpr):
+def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W: tl.constexpr, EVICT: tl.constexpr,
+                    ZERO_MASKED: tl.constexpr):
     """dy, xhat = (x - mean) * rstd and g = dy * w of a tile of rows, in fp32
-    (xhat = 0 where masked; g = dy without a weight), x and dy loaded with the
-    eviction policy EVICT ("": the default)."""
+    (g = dy without a weight), x and dy loaded with the eviction policy EVICT
+    ("": the default). Masked lanes load x = dy = 0, so their g = 0 and every
+    term they add to a sum (dy * xhat, xhat * g, g) is 0. ZERO_MASKED also
+    sets their xhat to 0 (a select per element), for ptxas' sake only: see
+    N_CONST in `_row_norm_bwd_kernel`."""
     x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    if ZERO_MASKED:
+        xhat = tl.where(mask, xhat, 0.0)
     g = dy
     if HAS_W:
         g = dy * w[None, :]
@@ -1450,8 +1462,13 @@ def _row_norm_bwd_kernel(
       N_CONST     0, or N as a compile-time constant, for the piped rows
                   (PIPED_ROW_MAX): lanes past N fold away, and dw and db are
                   added before the row reductions instead of after dx, so
-                  that x and dy need not live through them. 0 keeps N a
-                  run-time number (one compile serves every N of a tile).
+                  that x and dy need not live through them. Where N fills
+                  the tile (N_CONST = BLOCK_N), also the select that zeroes
+                  xhat's masked lanes (`_load_dy_xhat_g`): ptxas (Triton
+                  3.6) spills 128 bytes of RMSNorm's there with it, none
+                  without, while in rows shorter than the tile it spills
+                  more without it (at 9216: 112 bytes, against 40). 0 keeps
+                  N a run-time number (one compile serves every N of a tile).
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
@@ -1474,7 +1491,7 @@ def _row_norm_bwd_kernel(
         if HAS_W:
             w = _load_scale(W, cols, N, OFFSET) if W_PER_TILE else w_held
         dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
-                                      "evict_last" if RELOAD else "")
+                                      "evict_last" if RELOAD else "", N_CONST != BLOCK_N)
         if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
         if COMPUTE_DX:
@@ -1482,7 +1499,8 @@ def _row_norm_bwd_kernel(
             if CENTER:
                 c2 = tl.sum(g, axis=1) / N
             if RELOAD:
-                dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W, "evict_first")
+                dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W, "evict_first",
+                                              True)
             dx = g - xhat * c1[:, None]
             if CENTER:
                 dx = dx - c2[:, None]
@@ -1793,8 +1811,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL).
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel, one row per tile, piped up to PIPED_ROW_MAX and with RELOAD past
-    it (132 rows on an H200 at N = 16384: 8.7 MB), when x and dy are 16-bit
+    kernel, one row per tile, piped up to PIPED_ROW_MAX and at
+    RELOAD_ROW_BLOCK_MAX, with RELOAD between (132 rows on an H200 at
+    N = 16384: 8.7 MB), when x and dy are 16-bit
     and N and the row strides are multiples of 16 (else its loads would not
     vectorize). Longer
     rows: dx from `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb`
@@ -1841,21 +1860,24 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
     # Rows past ROW_BLOCK_MAX with dx and one trained parameter: in the tile
-    # kernel, a row per tile, piped (PIPED_ROW_MAX) or else with RELOAD.
+    # kernel, a row per tile, piped (PIPED_ROW_MAX, and rows that fill the
+    # tile) or else with RELOAD.
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
                and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
-    piped = one_acc and N <= PIPED_ROW_MAX
+    piped = one_acc and (N <= PIPED_ROW_MAX or N == RELOAD_ROW_BLOCK_MAX)
     reload = one_acc and not piped
     if one_acc:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
     # RELOAD's variants that spill holding w, FusedAdd's with ds and LayerNorm's
     # with dw, load it per tile (see RELOAD_ROW_BLOCK_MAX); piped rows where
-    # its buffers fit beside x's and dy's (see PIPED_ROW_MAX).
+    # its buffers fit beside x's and dy's at full depth, and always where the
+    # row fills the tile (see PIPED_ROW_MAX).
     w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
     if piped and weight is not None:
         w_bytes = t.block_n * _element_bytes(x, dy, ds, weight)
-        w_per_tile = _pipeline_stages(w_bytes, _programs_per_sm(t.num_warps), x.device, exact=True) == PIPELINE_STAGES
+        w_per_tile = N == t.block_n or _pipeline_stages(
+            w_bytes, _programs_per_sm(t.num_warps), x.device, exact=True) == PIPELINE_STAGES
     dw_partial = db_partial = None
     if t.one_pass:
         # Rows that fit in registers beside dw/db accumulators (piped or with

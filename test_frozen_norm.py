@@ -569,7 +569,8 @@ ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {
 
 def _one_acc_limits(monkeypatch):
     """Small limits for the rows past a tile that train one parameter: tiles
-    up to 64, piped rows up to 192 (3/4 of their tile of 256), RELOAD up to 256."""
+    up to 64, piped rows up to 192 (3/4 of their tile of 256) and of 256 (the
+    whole tile), RELOAD between."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "PIPED_ROW_MAX", 192)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
@@ -595,15 +596,16 @@ def _one_acc_plan(name, N, want, dtype=torch.bfloat16):
     return ("reload" if c["RELOAD"] else "tile"), c["W_PER_TILE"]
 
 
-@pytest.mark.parametrize("N, plan", [(176, "piped"), (208, "reload")])
+@pytest.mark.parametrize("N, plan", [(176, "piped"), (208, "reload"), (256, "piped")])
 @pytest.mark.parametrize("name, params", ONE_TRAINED, ids=lambda v: v if isinstance(v, str) else pattern_id(v, {}))
 def test_one_acc_backward(name, params, N, plan, monkeypatch):
     """Rows past ROW_BLOCK_MAX, up to RELOAD_ROW_BLOCK_MAX, whose backward
     trains one parameter take the tile kernel, a row per tile: piped up to
-    PIPED_ROW_MAX (dw or db added before the row reductions, N a compile-time
-    constant), else with RELOAD (x and dy loaded a second time for dx and
-    dw), at small limits: 176 and 208 columns (multiples of 16) in tiles of
-    256, 37 rows looping over the programs (the last tiles past M); FusedAdd
+    PIPED_ROW_MAX and at RELOAD_ROW_BLOCK_MAX (dw or db added before the row
+    reductions, N a compile-time constant; in a full tile, masked lanes' xhat
+    not zeroed), else with RELOAD (x and dy loaded a second time for dx and
+    dw), at small limits: 176, 208 and 256 columns (multiples of 16) in tiles
+    of 256, 37 rows looping over the programs (the last tiles past M); FusedAdd
     with both outputs used (ds); fp16, as both take 16-bit inputs only.
     Bitwise the same outputs and gradients on a second run."""
     _one_acc_limits(monkeypatch)
@@ -629,6 +631,9 @@ def test_one_acc_backward(name, params, N, plan, monkeypatch):
     ("rms", dict(dx=0, dw=1), 176, None, None),          # no dx: the dw/db kernel reads x and dy once
     ("rms", dict(dx=1, dw=1), 200, None, None),          # not a multiple of 16: the loads would not vectorize
     ("rms", dict(dx=1, dw=1), 168, None, None),
+    ("rms", dict(dx=1, dw=1), 256, "piped", True),       # RELOAD_ROW_BLOCK_MAX: the row fills its tile
+    ("fadd", dict(dx=1, dw=1), 256, "piped", True), ("ln", dict(dx=1, dw=1, db=0), 256, "piped", True),
+    ("ln", dict(dx=1, dw=0, db=1), 256, "piped", True),
     ("rms", dict(dx=1, dw=1), 272, None, None),          # past RELOAD_ROW_BLOCK_MAX
     ("rms", dict(dx=1, dw=1), 48, "tile", False),        # within ROW_BLOCK_MAX: the tile kernel as always
     ("fadd", dict(dx=1, dw=1), 48, "tile", False),
@@ -645,21 +650,35 @@ def test_one_acc_plan_is_chosen(name, want, N, plan, per_tile, monkeypatch):
     assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == (plan, per_tile)
 
 
+def test_full_tile_piped_rows_load_w_per_tile(monkeypatch):
+    """Where w's pipeline buffers do not fit at full depth (FusedAdd's with ds
+    at 16384 on an H200: `test_pipeline_buffers_fit_shared_memory`), piped
+    rows shorter than their tile hold w, and rows that fill it load w per
+    tile all the same, through a shallower pipeline (held, w spills there).
+    Small limits, as `test_one_acc_plan_is_chosen`."""
+    _one_acc_limits(monkeypatch)
+    monkeypatch.setattr(fn, "_pipeline_stages", lambda *args, **kwargs: fn.PIPELINE_STAGES - 1)
+    assert _one_acc_plan("fadd", 176, dict(dx=1, dw=1)) == ("piped", False)
+    assert _one_acc_plan("fadd", 256, dict(dx=1, dw=1)) == ("piped", True)
+
+
 def test_one_acc_backward_real_limits():
-    """The real limits: rows of PIPED_ROW_MAX piped, rows of RELOAD_ROW_BLOCK_MAX
-    with RELOAD, both in a tile of 16384 on 16 warps, 16400 in the long-row
-    kernels; RMSNorm's trainable backward run piped on a row of 9008 in a tile
-    of 16384 (bf16), and with RELOAD on a row of 12304."""
+    """The real limits: rows of PIPED_ROW_MAX and of RELOAD_ROW_BLOCK_MAX
+    piped, a row between with RELOAD, all in a tile of 16384 on 16 warps,
+    16400 in the long-row kernels; RMSNorm's trainable backward run piped on
+    rows of 9008 and 16384 in a tile of 16384 (bf16), and with RELOAD on a
+    row of 12304."""
     from bench_frozen_norm import VARIANTS, record_backward
     warps = fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD
-    for N, n_const, reload in ((fn.PIPED_ROW_MAX, fn.PIPED_ROW_MAX, False), (fn.RELOAD_ROW_BLOCK_MAX, 0, True)):
+    for N, n_const, reload in ((fn.PIPED_ROW_MAX, fn.PIPED_ROW_MAX, False), (fn.PIPED_ROW_MAX + 16, 0, True),
+                               (fn.RELOAD_ROW_BLOCK_MAX, fn.RELOAD_ROW_BLOCK_MAX, False)):
         real = record_backward("rms", (4, N), VARIANTS["rms"]["trainable"]).launches[0]
         c = real.constexprs
         assert (real.name, c["N_CONST"], c["RELOAD"], c["BLOCK_N"], real.num_warps) == (
             "_row_norm_bwd_kernel", n_const, reload, fn.RELOAD_ROW_BLOCK_MAX, warps)
     longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
     assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
-    for N in (9008, fn.PIPED_ROW_MAX + 16):
+    for N in (9008, fn.PIPED_ROW_MAX + 16, fn.RELOAD_ROW_BLOCK_MAX):
         check_op(OPS["rms"], (3, N), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
 
 
@@ -1719,9 +1738,9 @@ def test_pipeline_buffers_fit_shared_memory(monkeypatch, smem_kib):
                     assert programs_per_sm * ((stages - 1) * tile_bytes + fn.SMEM_RESERVE) <= smem_kib * 1024
     if smem_kib >= 164:   # bf16 x and dy at N = 4096, two programs per SM: the full depth fits
         assert fn._pipeline_stages(4096 * 2 * 2, 2, cuda) == fn.PIPELINE_STAGES
-    if smem_kib == 228:   # piped rows of 16384: x, dy and w fit two buffers; with ds too, w is held
+    if smem_kib == 228:   # piped rows of 16384: x, dy and w fit two buffers; with ds too, one
         assert fn._pipeline_stages(16384 * 2 * 3, 1, cuda, exact=True) == fn.PIPELINE_STAGES
-        assert fn._pipeline_stages(16384 * 2 * 4, 1, cuda, exact=True) < fn.PIPELINE_STAGES
+        assert fn._pipeline_stages(16384 * 2 * 4, 1, cuda, exact=True) == fn.PIPELINE_STAGES - 1
 
 
 @pytest.mark.parametrize("name", list(OPS))
@@ -2010,7 +2029,8 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
 # for LayerNorm's trained rows, a capture runs it beside the dx kernel, in one
 # row slice), GroupNorm with 256 rows and with 4 rows split over programs (the
 # two-launch path).
-GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((300, 12288), None), ((200, 16384), None)],
+GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((300, 12288), None), ((200, 14336), None),
+                           ((200, 16384), None)],
                    "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
 
@@ -2107,11 +2127,11 @@ def test_huge_hidden_size(name):
 
 # Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
 # every kernel: the row tiles (RMSNorm), the piped rows (RMSNorm trained),
-# RELOAD (FusedAdd trained), the long rows and the dw/db kernel (LayerNorm;
+# RELOAD (FusedAdd trained, 14336), the long rows and the dw/db kernel (LayerNorm;
 # FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768), GroupNorm's
 # long rows (32 groups) and split rows (2).
 HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 12288 + 1, 12288), None),
-              ("fadd", (2**31 // 16384 + 1, 16384), None),
+              ("fadd", (2**31 // 14336 + 1, 14336), None),
               ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
               ("poly", (2**31 // 32768 + 1, 32768), None),
               ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2)]
@@ -2187,10 +2207,10 @@ def test_more_than_2_31_elements(monkeypatch):
 
 
 # Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, the piped
-# rows' 12288, RELOAD's 16384, the forwards' pre-sum from 24576, the tile
-# sizes), and a few odd ones.
+# rows' 12288 and 16384, RELOAD's between, the forwards' pre-sum from 24576,
+# the tile sizes), and a few odd ones.
 RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 5000, 8192, 8193, 12288, 12290,
-                      16384, 16385, 20480, 24576, 24592, 32768, 32769, 40000, 65536, 70001]
+                      14336, 16384, 16385, 20480, 24576, 24592, 32768, 32769, 40000, 65536, 70001]
 
 
 def _random_case(seed):
