@@ -1883,8 +1883,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Rows that fit in registers beside dw/db accumulators (piped or with
         # RELOAD: the accumulator beside one row's loads at a time): a
         # persistent grid, whose programs accumulate dw/db. With neither
-        # asked, one program per tile, as in the forward. Piped rows take
-        # PIPELINE_STAGES, padded or not: two rows' buffers are what fits.
+        # asked, one program per tile, as in the forward. Piped rows ask for
+        # PIPELINE_STAGES, padded or not: two rows' buffers are what fits
+        # (one, for FusedAdd's with ds and w at 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains,
                       depth=PADDED_PIPELINE_STAGES if padded and not piped else PIPELINE_STAGES, exact=piped)
