@@ -28,7 +28,8 @@ What you will learn by reading it
   (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
   through shared memory, while the current tile is reduced); and how the
   order of independent work sets register pressure: a row's dw added before
-  its reductions lets x and dy die there (the piped rows).
+  its reductions lets x and dy die there (the piped rows), and a select that
+  no sum needs can be what makes a kernel spill (`_load_dy_xhat_g`).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
