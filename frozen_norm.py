@@ -1088,23 +1088,22 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # does it for its own rows. (2) is a column reduction over all M rows: each
 # program of a persistent grid keeps an fp32 accumulator tile of its tiles'
 # shape for the rows it walks, sums the tile's rows once at the end, writes
-# that N-wide row to a (P x N) scratch buffer, and
-# `_sum_partials_kernel` adds the P rows in a fixed order (no atomics, so the
-# result is the same bit for bit on every run). Rows longer than ROW_BLOCK_MAX
-# leave no room in registers for both the row (x and dy, live through the c1
-# reduction) and that accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one
-# accumulator, the tile kernel makes room by not keeping the row: up to
-# PIPED_ROW_MAX (and at RELOAD_ROW_BLOCK_MAX) it adds the row to the
-# accumulator first, so that only xhat and g live through the reduction, and
-# pipelines the rows; between, it loads x and dy again after the reduction
-# (RELOAD), from L1/L2. Longer rows, or two
-# accumulators (LayerNorm's dw and db), take dw and db from
-# `_row_norm_dwdb_kernel`, which swaps the loops
-# (each program owns a block of columns and walks the rows), at the price of
-# reading x and dy a second time from DRAM. Where its programs walk all the
-# rows (one row slice), their sums are dw itself: no scratch, no reduction launch.
-# While a CUDA graph is captured it runs beside the dx kernel, on part of the SMs
-# and a second stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
+# that N-wide row to a (P x N) scratch buffer, and `_sum_partials_kernel` adds
+# the P rows in a fixed order (no atomics, so the result is the same bit for
+# bit on every run). Rows longer than ROW_BLOCK_MAX leave no room in registers
+# for both the row (x and dy, live through the c1 reduction) and that
+# accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one accumulator, the tile
+# kernel makes room by not keeping the row: up to PIPED_ROW_MAX (and at
+# RELOAD_ROW_BLOCK_MAX) it adds the row to the accumulator first, so that only
+# xhat and g live through the reduction, and pipelines the rows; between, it
+# loads x and dy again after the reduction (RELOAD), from L1/L2. Longer rows,
+# or two accumulators (LayerNorm's dw and db), take dw and db from
+# `_row_norm_dwdb_kernel`, which swaps the loops (each program owns a block of
+# columns and walks the rows), at the price of reading x and dy a second time
+# from DRAM. Where its programs walk all the rows (one row slice), their sums
+# are dw itself: no scratch, no reduction launch. While a CUDA graph is
+# captured it runs beside the dx kernel, on part of the SMs and a second
+# stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
