@@ -1864,7 +1864,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # tile) or else with RELOAD.
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
                and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
-    piped = one_acc and (N <= PIPED_ROW_MAX or N == RELOAD_ROW_BLOCK_MAX)
+    fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
+    piped = one_acc and (N <= PIPED_ROW_MAX or fills_tile)
     reload = one_acc and not piped
     if one_acc:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
@@ -1875,9 +1876,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # row fills the tile (see PIPED_ROW_MAX).
     w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
     if piped and weight is not None:
-        w_bytes = t.block_n * _element_bytes(x, dy, ds, weight)
-        w_per_tile = N == t.block_n or _pipeline_stages(
-            w_bytes, _programs_per_sm(t.num_warps), x.device, exact=True) == PIPELINE_STAGES
+        w_per_tile = fills_tile or _pipeline_stages(t.block_n * _element_bytes(x, dy, ds, weight),
+                                                    _programs_per_sm(t.num_warps), x.device,
+                                                    exact=True) == PIPELINE_STAGES
     dw_partial = db_partial = None
     if t.one_pass:
         # Rows that fit in registers beside dw/db accumulators (piped or with

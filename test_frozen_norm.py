@@ -637,29 +637,24 @@ def test_one_acc_backward(name, params, N, plan, monkeypatch):
     ("rms", dict(dx=1, dw=1), 272, None, None),          # past RELOAD_ROW_BLOCK_MAX
     ("rms", dict(dx=1, dw=1), 48, "tile", False),        # within ROW_BLOCK_MAX: the tile kernel as always
     ("fadd", dict(dx=1, dw=1), 48, "tile", False),
+    # w's buffers short of the full depth (FusedAdd's with ds at 16384 on an H200):
+    ("fadd", dict(dx=1, dw=1, shallow=True), 176, "piped", False),   # held
+    ("fadd", dict(dx=1, dw=1, shallow=True), 256, "piped", True),    # a full tile: per tile all the same
 ])
 def test_one_acc_plan_is_chosen(name, want, N, plan, per_tile, monkeypatch):
     """Which rows the backward pipes or reloads, at small limits (64, 192 and
     256), and which load w per tile (W_PER_TILE): RELOAD's variants that spill
     holding w through the loop (FusedAdd's with ds, LayerNorm's with dw) and
-    the piped rows, where w's pipeline buffers fit (no GPU here: they do;
-    the buffers: `test_pipeline_buffers_fit_shared_memory`); every other
-    launch holds it. Their results: `test_one_acc_backward`."""
+    the piped rows, where w's pipeline buffers fit at full depth (no GPU
+    here: they do, but in the `shallow` cases, where the depth is made one
+    less; the buffers: `test_pipeline_buffers_fit_shared_memory`), and always
+    where the row fills its tile (held, w spills there); every other launch
+    holds it. Their results: `test_one_acc_backward`."""
     _one_acc_limits(monkeypatch)
     want = dict(want)
+    if want.pop("shallow", False):
+        monkeypatch.setattr(fn, "_pipeline_stages", lambda *args, **kwargs: fn.PIPELINE_STAGES - 1)
     assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == (plan, per_tile)
-
-
-def test_full_tile_piped_rows_load_w_per_tile(monkeypatch):
-    """Where w's pipeline buffers do not fit at full depth (FusedAdd's with ds
-    at 16384 on an H200: `test_pipeline_buffers_fit_shared_memory`), piped
-    rows shorter than their tile hold w, and rows that fill it load w per
-    tile all the same, through a shallower pipeline (held, w spills there).
-    Small limits, as `test_one_acc_plan_is_chosen`."""
-    _one_acc_limits(monkeypatch)
-    monkeypatch.setattr(fn, "_pipeline_stages", lambda *args, **kwargs: fn.PIPELINE_STAGES - 1)
-    assert _one_acc_plan("fadd", 176, dict(dx=1, dw=1)) == ("piped", False)
-    assert _one_acc_plan("fadd", 256, dict(dx=1, dw=1)) == ("piped", True)
 
 
 def test_one_acc_backward_real_limits():
