@@ -28,8 +28,10 @@ What you will learn by reading it
   (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
   through shared memory, while the current tile is reduced); and how the
   order of independent work sets register pressure: a row's dw added before
-  its reductions lets x and dy die there (the piped rows), and a select that
-  no sum needs can be what makes a kernel spill (`_load_dy_xhat_g`).
+  its reductions lets x and dy die there (the piped rows), a select that no
+  sum needs can be what makes a kernel spill (`_load_dy_xhat_g`), and
+  narrower vector loads can let the empty end of a tile fold away at compile
+  time (`PIPED_VEC_ELEMENTS`).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -305,8 +307,8 @@ LONG_FWD_PRESUM_AFTER = 24576
 # per thread (16 warps at 16384, one program per SM; ptxas, Triton 3.6: 128
 # registers), still holds the row's accumulator in registers. That spares the
 # long-row path's dw/db kernel, which reads x and dy from DRAM again. Rows up
-# to PIPED_ROW_MAX, and rows of RELOAD_ROW_BLOCK_MAX, are piped (below); the
-# others spill so, and there the kernel keeps neither x nor dy through the row
+# to PIPED_ROW_MAX, and rows of RELOAD_ROW_BLOCK_MAX and of 14336
+# (PIPED_VEC_ELEMENTS), are piped (below); the others spill so, and there the kernel keeps neither x nor dy through the row
 # reductions but loads them a second time (RELOAD), from L1/L2, with no
 # pipeline (its buffers would hold the second loads too). The RELOAD variants
 # with the most live values, FusedAdd's with ds and LayerNorm's with dw (x
@@ -334,9 +336,25 @@ RELOAD_ELEMENTS_PER_THREAD = 32
 # its tile has no masked lane to zero (N_CONST in `_row_norm_bwd_kernel`),
 # and without that select no variant spills if w is loaded per row, which
 # FusedAdd's with ds does through a pipeline of depth 2 (one 128 KB buffer).
-# There piped rows measured faster than RELOAD too (NOTES.md, section 6).
+# There piped rows measured faster than RELOAD too, and so did rows of 14336
+# in narrow vectors (PIPED_VEC_ELEMENTS) (NOTES.md, section 6).
 # Whole tiles and RELOAD add dw and db after dx, which measured faster for them.
 PIPED_ROW_MAX = 12288
+# Piped rows may load in vectors of PIPED_VEC_ELEMENTS (8 bytes of a 16-bit
+# row, `tl.max_contiguous`) instead of 16 bytes. A thread's lanes of the
+# 16-warp tile then repeat every 2048 elements instead of every 4096, so that
+# where a row ends in the first half of a 4096 (9216, 10240, 14336) the
+# second half is empty in every thread and folds away (N_CONST), where with
+# 16-byte vectors each thread keeps its lanes there, masked: no spill at
+# 14336 (ptxas, Triton 3.6), which took RELOAD before. Measured faster, with
+# w held, at 14336 (every variant) and in RMSNorm's and FusedAdd's piped
+# rows that end so (8704 to 10240); slower at 13312 (whose last 2048 is
+# partly masked: it spills) and in LayerNorm's rows up to PIPED_ROW_MAX
+# (9216, 10240: twice the load instructions beside a dx that issues more
+# than RMSNorm's, a likely reason); of no use
+# where a row ends in the second half or at a 4096 (11264, 12288, 15360),
+# where 16-byte vectors fold as much (NOTES.md, section 6).
+PIPED_VEC_ELEMENTS = 4
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
 # 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
 # would read back the s that its pass 1 wrote. One tile measured faster from
@@ -1094,9 +1112,10 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # for both the row (x and dy, live through the c1 reduction) and that
 # accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one accumulator, the tile
 # kernel makes room by not keeping the row: up to PIPED_ROW_MAX (and at
-# RELOAD_ROW_BLOCK_MAX) it adds the row to the accumulator first, so that only
-# xhat and g live through the reduction, and pipelines the rows; between, it
-# loads x and dy again after the reduction (RELOAD), from L1/L2. Longer rows,
+# RELOAD_ROW_BLOCK_MAX, and at 14336 in narrower vector loads) it adds the row
+# to the accumulator first, so that only xhat and g live through the
+# reduction, and pipelines the rows; between, it loads x and dy again after
+# the reduction (RELOAD), from L1/L2. Longer rows,
 # or two accumulators (LayerNorm's dw and db), take dw and db from
 # `_row_norm_dwdb_kernel`, which swaps the loops (each program owns a block of
 # columns and walks the rows), at the price of reading x and dy a second time
@@ -1418,7 +1437,7 @@ def _row_norm_bwd_kernel(
     OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
-    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr,
+    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -1469,12 +1488,19 @@ def _row_norm_bwd_kernel(
                   without, while in rows shorter than the tile it spills
                   more without it (at 9216: 112 bytes, against 40). 0 keeps
                   N a run-time number (one compile serves every N of a tile).
+      VEC         0, or the elements per vector load (PIPED_VEC_ELEMENTS):
+                  the columns are declared contiguous in runs of VEC only,
+                  so Triton loads narrower vectors and a thread's lanes
+                  repeat more often along the row, which lets more of a
+                  padded tile fold away under N_CONST. 0 removes the hint.
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
+    if VEC:
+        cols = tl.max_contiguous(cols, VEC)   # runs of VEC: the loads' vector width
     if HAS_W and not W_PER_TILE:
         w_held = _load_scale(W, cols, N, OFFSET)   # in registers through the loop
     # The accumulators are tiles, summed over their rows once at the end: a
@@ -1811,8 +1837,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL).
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel, one row per tile, piped up to PIPED_ROW_MAX and at
-    RELOAD_ROW_BLOCK_MAX, with RELOAD between (132 rows on an H200 at
+    kernel, one row per tile, piped up to PIPED_ROW_MAX, at 14336 (in narrow
+    vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX, with RELOAD
+    between (132 rows on an H200 at
     N = 16384: 8.7 MB), when x and dy are 16-bit
     and N and the row strides are multiples of 16 (else its loads would not
     vectorize). Longer
@@ -1865,17 +1892,34 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
                and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
-    piped = one_acc and (N <= PIPED_ROW_MAX or fills_tile)
-    reload = one_acc and not piped
+    narrow = False   # vectors of PIPED_VEC_ELEMENTS
     if one_acc:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
+        # A thread's lanes repeat along the tile every narrow_repeat elements
+        # in narrow vectors, every 2 * narrow_repeat in 16-byte ones; tail is
+        # where the row ends in its last 16-byte repeat. Narrow vectors where
+        # it ends in that repeat's first half: RMSNorm's and FusedAdd's piped
+        # rows, and past PIPED_ROW_MAX rows that end exactly at the half, so
+        # that no narrow repeat is partly masked (14336). Not in a tile with
+        # fewer elements than threads x 16 bytes (small test limits).
+        narrow_repeat = 32 * t.num_warps * PIPED_VEC_ELEMENTS
+        tail = N % (2 * narrow_repeat)
+        if t.block_n < 2 * narrow_repeat:
+            narrow = False
+        elif N <= PIPED_ROW_MAX:
+            narrow = mean is None and 0 < tail <= narrow_repeat
+        else:
+            narrow = tail == narrow_repeat
+    piped = one_acc and (N <= PIPED_ROW_MAX or fills_tile or narrow)
+    reload = one_acc and not piped
     # RELOAD's variants that spill holding w, FusedAdd's with ds and LayerNorm's
     # with dw, load it per tile (see RELOAD_ROW_BLOCK_MAX); piped rows where
     # its buffers fit beside x's and dy's at full depth, and always where the
-    # row fills the tile (see PIPED_ROW_MAX).
+    # row fills the tile (see PIPED_ROW_MAX), but in narrow vectors, which
+    # hold it (see PIPED_VEC_ELEMENTS).
     w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
-    if piped and weight is not None:
+    if piped and weight is not None and not narrow:
         w_per_tile = fills_tile or _pipeline_stages(t.block_n * _element_bytes(x, dy, ds, weight),
                                                     _programs_per_sm(t.num_warps), x.device,
                                                     exact=True) == PIPELINE_STAGES
@@ -1898,7 +1942,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, W_PER_TILE=w_per_tile,
-            N_CONST=N if piped else 0, num_warps=t.num_warps)
+            N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0, num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is

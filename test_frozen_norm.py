@@ -657,12 +657,35 @@ def test_one_acc_plan_is_chosen(name, want, N, plan, per_tile, monkeypatch):
     assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == (plan, per_tile)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_vectors_are_chosen(dtype):
+    """Which one-parameter rows load in narrow vectors (VEC =
+    PIPED_VEC_ELEMENTS, w held), at the real limits: RMSNorm's and FusedAdd's
+    piped rows that end in the first half of a thread's last 16-byte repeat
+    of 4096 (8193 to 10240, multiples of 16), and past PIPED_ROW_MAX every
+    variant's rows that end exactly at that half (14336), which are piped so
+    instead of taking RELOAD; no other row, and not LayerNorm's piped rows."""
+    from bench_frozen_norm import record_backward
+    one = {"rms": dict(dx=1, dw=1), "fadd": dict(dx=1, dw=1), "ln dw": dict(dx=1, dw=1, db=0),
+           "ln db": dict(dx=1, dw=0, db=1)}
+    for label, want in one.items():
+        for N in (8208, 9216, 9728, 10240, 10256, 11264, 12288, 13312, 14336, 14352, 15360, 16384):
+            c = record_backward(label.split()[0], (4, N), want, dtype).launches[0].constexprs
+            narrow = N == 14336 or (label in ("rms", "fadd") and N <= 10240)
+            piped = N <= fn.PIPED_ROW_MAX or N in (14336, fn.RELOAD_ROW_BLOCK_MAX)
+            assert (c["VEC"], c["N_CONST"], c["RELOAD"]) == (
+                fn.PIPED_VEC_ELEMENTS if narrow else 0, N if piped else 0, not piped), (label, N)
+            if narrow:
+                assert not c["W_PER_TILE"], (label, N)
+
+
 def test_one_acc_backward_real_limits():
     """The real limits: rows of PIPED_ROW_MAX and of RELOAD_ROW_BLOCK_MAX
     piped, a row between with RELOAD, all in a tile of 16384 on 16 warps,
     16400 in the long-row kernels; RMSNorm's trainable backward run piped on
-    rows of 9008 and 16384 in a tile of 16384 (bf16), and with RELOAD on a
-    row of 12304."""
+    rows of 9008 and 16384 in a tile of 16384 (bf16), in narrow vectors on
+    rows of 10240 and 14336, and with RELOAD on a row of 12304; FusedAdd's
+    and LayerNorm's one-parameter variants in narrow vectors at 14336."""
     from bench_frozen_norm import VARIANTS, record_backward
     warps = fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD
     for N, n_const, reload in ((fn.PIPED_ROW_MAX, fn.PIPED_ROW_MAX, False), (fn.PIPED_ROW_MAX + 16, 0, True),
@@ -673,8 +696,10 @@ def test_one_acc_backward_real_limits():
             "_row_norm_bwd_kernel", n_const, reload, fn.RELOAD_ROW_BLOCK_MAX, warps)
     longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
     assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
-    for N in (9008, fn.PIPED_ROW_MAX + 16, fn.RELOAD_ROW_BLOCK_MAX):
+    for N in (9008, 10240, fn.PIPED_ROW_MAX + 16, 14336, fn.RELOAD_ROW_BLOCK_MAX):
         check_op(OPS["rms"], (3, N), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
+    for name, params in ONE_TRAINED[1:]:   # the narrow vectors' other variants (test_narrow_vectors_are_chosen)
+        check_op(OPS[name], (3, 14336), torch.bfloat16, params, _with_grads(name))
 
 
 def test_fused_add_forward_keeps_longer_rows_in_one_tile(monkeypatch):
@@ -2122,11 +2147,11 @@ def test_huge_hidden_size(name):
 
 # Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
 # every kernel: the row tiles (RMSNorm), the piped rows (RMSNorm trained),
-# RELOAD (FusedAdd trained, 14336), the long rows and the dw/db kernel (LayerNorm;
+# RELOAD (FusedAdd trained, 13312), the long rows and the dw/db kernel (LayerNorm;
 # FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768), GroupNorm's
 # long rows (32 groups) and split rows (2).
 HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 12288 + 1, 12288), None),
-              ("fadd", (2**31 // 14336 + 1, 14336), None),
+              ("fadd", (2**31 // 13312 + 1, 13312), None),
               ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
               ("poly", (2**31 // 32768 + 1, 32768), None),
               ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2)]
@@ -2202,10 +2227,10 @@ def test_more_than_2_31_elements(monkeypatch):
 
 
 # Row lengths at and beside the planners' limits (ROW_BLOCK_MAX, the piped
-# rows' 12288 and 16384, RELOAD's between, the forwards' pre-sum from 24576,
-# the tile sizes), and a few odd ones.
-RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 5000, 8192, 8193, 12288, 12290,
-                      14336, 16384, 16385, 20480, 24576, 24592, 32768, 32769, 40000, 65536, 70001]
+# rows' 12288 and 16384, in narrow vectors 10240 and 14336, RELOAD's 13312,
+# the forwards' pre-sum from 24576, the tile sizes), and a few odd ones.
+RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 5000, 8192, 8193, 10240, 12288, 12290,
+                      13312, 14336, 16384, 16385, 20480, 24576, 24592, 32768, 32769, 40000, 65536, 70001]
 
 
 def _random_case(seed):
