@@ -308,18 +308,18 @@ LONG_FWD_PRESUM_AFTER = 24576
 # registers), still holds the row's accumulator in registers. That spares the
 # long-row path's dw/db kernel, which reads x and dy from DRAM again. Rows up
 # to PIPED_ROW_MAX, and rows of RELOAD_ROW_BLOCK_MAX and of 14336
-# (PIPED_VEC_ELEMENTS), are piped (below); the others spill so, and there the kernel keeps neither x nor dy through the row
-# reductions but loads them a second time (RELOAD), from L1/L2, with no
-# pipeline (its buffers would hold the second loads too). The RELOAD variants
-# with the most live values, FusedAdd's with ds and LayerNorm's with dw (x
-# centred), spill holding w's 32 fp32 registers through the loop (88 and 48
-# bytes), so they load w per tile from L1/L2 instead (W_PER_TILE: 40 and 0
-# bytes), which measured faster; the others, which do not spill, measured
-# slower so. Two accumulators (LayerNorm's dw and db) spill and measured
-# slower, and so did 16 or 64 elements per thread (64: 255 registers and a
-# spill), a software pipeline of depth 2, and fp32 x and dy (twice the
-# registers per element) in some cases (NOTES.md, section 6): both plans are
-# for 16-bit x and dy.
+# (PIPED_VEC_ELEMENTS), are piped (below); the others spill so, and there the
+# kernel keeps neither x nor dy through the row reductions but loads them a
+# second time (RELOAD), from L1/L2, with no pipeline (its buffers would hold
+# the second loads too). The RELOAD variants with the most live values,
+# FusedAdd's with ds and LayerNorm's with dw (x centred), spill holding w's 32
+# fp32 registers through the loop (88 and 48 bytes), so they load w per tile
+# from L1/L2 instead (W_PER_TILE: 40 and 0 bytes), which measured faster; the
+# others, which do not spill, measured slower so. Two accumulators
+# (LayerNorm's dw and db) spill and measured slower, and so did 16 or 64
+# elements per thread (64: 255 registers and a spill), a software pipeline of
+# depth 2, and fp32 x and dy (twice the registers per element) in some cases
+# (NOTES.md, section 6): both plans are for 16-bit x and dy.
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
 # Piped rows (of ROW_BLOCK_MAX + 1 to this length, 3/4 of their tile): the
@@ -343,17 +343,18 @@ PIPED_ROW_MAX = 12288
 # Piped rows may load in vectors of PIPED_VEC_ELEMENTS (8 bytes of a 16-bit
 # row, `tl.max_contiguous`) instead of 16 bytes. A thread's lanes of the
 # 16-warp tile then repeat every 2048 elements instead of every 4096, so that
-# where a row ends in the first half of a 4096 (9216, 10240, 14336) the
-# second half is empty in every thread and folds away (N_CONST), where with
-# 16-byte vectors each thread keeps its lanes there, masked: no spill at
-# 14336 (ptxas, Triton 3.6), which took RELOAD before. Measured faster, with
-# w held, at 14336 (every variant) and in RMSNorm's and FusedAdd's piped
-# rows that end so (8704 to 10240); slower at 13312 (whose last 2048 is
-# partly masked: it spills) and in LayerNorm's rows up to PIPED_ROW_MAX
-# (9216, 10240: twice the load instructions beside a dx that issues more
-# than RMSNorm's, a likely reason); of no use
-# where a row ends in the second half or at a 4096 (11264, 12288, 15360),
-# where 16-byte vectors fold as much (NOTES.md, section 6).
+# where a row ends in the first half of a 4096 (9216, 10240, 14336) the second
+# half is empty in every thread and folds away (N_CONST), where with 16-byte
+# vectors each thread keeps its lanes there, masked: no spill at 14336 (ptxas,
+# Triton 3.6), which took RELOAD before. Measured faster, with w held, at
+# 14336 (every variant) and in RMSNorm's and FusedAdd's piped rows that end so
+# (8704 to 10240); slower at 13312 (whose last 2048 is partly masked: it
+# spills) and in LayerNorm's rows up to PIPED_ROW_MAX (9216, 10240: twice the
+# load instructions beside a dx that issues more than RMSNorm's, a likely
+# reason); of no use where a row ends in the second half or at a 4096 (11264,
+# 12288, 15360), where 16-byte vectors fold as much. Vectors of 4 bytes, which
+# make 13312 and 15360 whole repeats of 1024, measured slower than RELOAD at
+# 15360 and mixed at 13312 (NOTES.md, section 6).
 PIPED_VEC_ELEMENTS = 4
 # FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
 # 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
@@ -1115,14 +1116,14 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # RELOAD_ROW_BLOCK_MAX, and at 14336 in narrower vector loads) it adds the row
 # to the accumulator first, so that only xhat and g live through the
 # reduction, and pipelines the rows; between, it loads x and dy again after
-# the reduction (RELOAD), from L1/L2. Longer rows,
-# or two accumulators (LayerNorm's dw and db), take dw and db from
-# `_row_norm_dwdb_kernel`, which swaps the loops (each program owns a block of
-# columns and walks the rows), at the price of reading x and dy a second time
-# from DRAM. Where its programs walk all the rows (one row slice), their sums
-# are dw itself: no scratch, no reduction launch. While a CUDA graph is
-# captured it runs beside the dx kernel, on part of the SMs and a second
-# stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
+# the reduction (RELOAD), from L1/L2. Longer rows, or two accumulators
+# (LayerNorm's dw and db), take dw and db from `_row_norm_dwdb_kernel`, which
+# swaps the loops (each program owns a block of columns and walks the rows),
+# at the price of reading x and dy a second time from DRAM. Where its programs
+# walk all the rows (one row slice), their sums are dw itself: no scratch, no
+# reduction launch. While a CUDA graph is captured it runs beside the dx
+# kernel, on part of the SMs and a second stream, so that it finds much of x
+# and dy in L2 (DW_BESIDE_GRAPH).
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -1839,17 +1840,15 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
     kernel, one row per tile, piped up to PIPED_ROW_MAX, at 14336 (in narrow
     vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX, with RELOAD
-    between (132 rows on an H200 at
-    N = 16384: 8.7 MB), when x and dy are 16-bit
-    and N and the row strides are multiples of 16 (else its loads would not
-    vectorize). Longer
-    rows: dx from `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb`
-    into an (S, N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1;
-    with S = 1 (P = 1 for the tile kernel) the kernel writes dw and db
-    themselves, with no buffer and no reduction launch (`_sum_targets`): on an
-    H200 that is every row longer than 8384. While a CUDA graph is captured,
-    with dx asked too, the dw/db kernel runs beside the dx kernel in one slice
-    (`_run_beside`, DW_BESIDE_GRAPH).
+    between (132 rows on an H200 at N = 16384: 8.7 MB), when x and dy are
+    16-bit and N and the row strides are multiples of 16 (else its loads
+    would not vectorize). Longer rows: dx from `_long_row_norm_bwd_kernel`,
+    and dw/db from `_row_norm_dwdb` into an (S, N) fp32 buffer, S about SMs /
+    (N / DW_BLOCK_N), at least 1; with S = 1 (P = 1 for the tile kernel) the
+    kernel writes dw and db themselves, with no buffer and no reduction
+    launch (`_sum_targets`): on an H200 that is every row longer than 8384.
+    While a CUDA graph is captured, with dx asked too, the dw/db kernel runs
+    beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M = rstd.shape[0]
