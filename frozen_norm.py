@@ -611,6 +611,25 @@ def _fills_poorly(N: int, block_n: int, fill: float) -> bool:
     return N <= fill * block_n
 
 
+def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
+    """Whether a one-accumulator row of N elements in the tile kernel's tiling
+    `t` loads narrow vectors (PIPED_VEC_ELEMENTS). A thread's lanes repeat
+    along the tile every `narrow` elements in narrow vectors, every 2 * narrow
+    in 16-byte ones; `tail` is where the row ends in its last 16-byte repeat.
+    Narrow vectors where it ends in that repeat's first half for RMSNorm's and
+    FusedAdd's piped rows (not `center`), and past PIPED_ROW_MAX where it ends
+    exactly at the half, so that no narrow repeat is partly masked (14336).
+    Never in a tile with fewer elements than threads x 16 bytes (small test
+    limits)."""
+    narrow = 32 * t.num_warps * PIPED_VEC_ELEMENTS
+    tail = N % (2 * narrow)
+    if t.block_n < 2 * narrow:
+        return False
+    if N <= PIPED_ROW_MAX:
+        return not center and 0 < tail <= narrow
+    return tail == narrow
+
+
 def _padded_floor(x: torch.Tensor, center: bool) -> Optional[int]:
     """`_row_tiling`'s padded_floor for the row norms' rows of x: RMS_PADDED_CHUNK_MIN
     for RMSNorm's and FusedAdd's (one row sum, not `center`) 16-bit rows, else
@@ -1891,25 +1910,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
                and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
-    narrow = False   # vectors of PIPED_VEC_ELEMENTS
     if one_acc:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
-        # A thread's lanes repeat along the tile every narrow_repeat elements
-        # in narrow vectors, every 2 * narrow_repeat in 16-byte ones; tail is
-        # where the row ends in its last 16-byte repeat. Narrow vectors where
-        # it ends in that repeat's first half: RMSNorm's and FusedAdd's piped
-        # rows, and past PIPED_ROW_MAX rows that end exactly at the half, so
-        # that no narrow repeat is partly masked (14336). Not in a tile with
-        # fewer elements than threads x 16 bytes (small test limits).
-        narrow_repeat = 32 * t.num_warps * PIPED_VEC_ELEMENTS
-        tail = N % (2 * narrow_repeat)
-        if t.block_n < 2 * narrow_repeat:
-            narrow = False
-        elif N <= PIPED_ROW_MAX:
-            narrow = mean is None and 0 < tail <= narrow_repeat
-        else:
-            narrow = tail == narrow_repeat
+    narrow = one_acc and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
     piped = one_acc and (N <= PIPED_ROW_MAX or fills_tile or narrow)
     reload = one_acc and not piped
     # RELOAD's variants that spill holding w, FusedAdd's with ds and LayerNorm's

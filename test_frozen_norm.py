@@ -658,19 +658,25 @@ def test_one_acc_plan_is_chosen(name, want, N, plan, per_tile, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_narrow_vectors_are_chosen(dtype):
-    """Which one-parameter rows load in narrow vectors (VEC =
-    PIPED_VEC_ELEMENTS, w held), at the real limits: RMSNorm's and FusedAdd's
-    piped rows that end in the first half of a thread's last 16-byte repeat
-    of 4096 (8193 to 10240, multiples of 16), and past PIPED_ROW_MAX every
-    variant's rows that end exactly at that half (14336), which are piped so
-    instead of taking RELOAD; no other row, and not LayerNorm's piped rows."""
+def test_one_acc_plan_at_real_limits(dtype):
+    """The one-parameter rows at the real limits, in a tile of 16384 on 16
+    warps: piped up to PIPED_ROW_MAX and at RELOAD_ROW_BLOCK_MAX, RELOAD
+    between but at 14336, and which load narrow vectors (VEC =
+    PIPED_VEC_ELEMENTS, w held): RMSNorm's and FusedAdd's piped rows that end
+    in the first half of a thread's last 16-byte repeat of 4096 (8193 to
+    10240, multiples of 16), and past PIPED_ROW_MAX every variant's rows that
+    end exactly at that half (14336), piped so instead of taking RELOAD; no
+    other row, and not LayerNorm's piped rows."""
     from bench_frozen_norm import record_backward
+    warps = fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD
     one = {"rms": dict(dx=1, dw=1), "fadd": dict(dx=1, dw=1), "ln dw": dict(dx=1, dw=1, db=0),
            "ln db": dict(dx=1, dw=0, db=1)}
     for label, want in one.items():
-        for N in (8208, 9216, 9728, 10240, 10256, 11264, 12288, 13312, 14336, 14352, 15360, 16384):
-            c = record_backward(label.split()[0], (4, N), want, dtype).launches[0].constexprs
+        for N in (8208, 9216, 9728, 10240, 10256, 11264, 12288, 12304, 13312, 14336, 14352, 15360, 16384):
+            launch = record_backward(label.split()[0], (4, N), want, dtype).launches[0]
+            c = launch.constexprs
+            assert (launch.name, c["BLOCK_N"], launch.num_warps) == (
+                "_row_norm_bwd_kernel", fn.RELOAD_ROW_BLOCK_MAX, warps), (label, N)
             narrow = N == 14336 or (label in ("rms", "fadd") and N <= 10240)
             piped = N <= fn.PIPED_ROW_MAX or N in (14336, fn.RELOAD_ROW_BLOCK_MAX)
             assert (c["VEC"], c["N_CONST"], c["RELOAD"]) == (
@@ -680,25 +686,17 @@ def test_narrow_vectors_are_chosen(dtype):
 
 
 def test_one_acc_backward_real_limits():
-    """The real limits: rows of PIPED_ROW_MAX and of RELOAD_ROW_BLOCK_MAX
-    piped, a row between with RELOAD, all in a tile of 16384 on 16 warps,
-    16400 in the long-row kernels; RMSNorm's trainable backward run piped on
-    rows of 9008 and 16384 in a tile of 16384 (bf16), in narrow vectors on
-    rows of 10240 and 14336, and with RELOAD on a row of 12304; FusedAdd's
-    and LayerNorm's one-parameter variants in narrow vectors at 14336."""
+    """Past RELOAD_ROW_BLOCK_MAX (16400) the long-row kernels; RMSNorm's
+    trainable backward run piped on rows of 9008 and 16384 in a tile of 16384
+    (bf16), in narrow vectors on rows of 10240 and 14336, and with RELOAD on
+    a row of 12304; FusedAdd's and LayerNorm's one-parameter variants in
+    narrow vectors at 14336. The plans: `test_one_acc_plan_at_real_limits`."""
     from bench_frozen_norm import VARIANTS, record_backward
-    warps = fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD
-    for N, n_const, reload in ((fn.PIPED_ROW_MAX, fn.PIPED_ROW_MAX, False), (fn.PIPED_ROW_MAX + 16, 0, True),
-                               (fn.RELOAD_ROW_BLOCK_MAX, fn.RELOAD_ROW_BLOCK_MAX, False)):
-        real = record_backward("rms", (4, N), VARIANTS["rms"]["trainable"]).launches[0]
-        c = real.constexprs
-        assert (real.name, c["N_CONST"], c["RELOAD"], c["BLOCK_N"], real.num_warps) == (
-            "_row_norm_bwd_kernel", n_const, reload, fn.RELOAD_ROW_BLOCK_MAX, warps)
     longer = record_backward("rms", (4, fn.RELOAD_ROW_BLOCK_MAX + 16), VARIANTS["rms"]["trainable"]).launches
     assert [lc.name for lc in longer][:2] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
     for N in (9008, 10240, fn.PIPED_ROW_MAX + 16, 14336, fn.RELOAD_ROW_BLOCK_MAX):
         check_op(OPS["rms"], (3, N), torch.bfloat16, ALL_TRAIN["rms"], _with_grads("rms"))
-    for name, params in ONE_TRAINED[1:]:   # the narrow vectors' other variants (test_narrow_vectors_are_chosen)
+    for name, params in ONE_TRAINED[1:]:   # the narrow vectors' other variants
         check_op(OPS[name], (3, 14336), torch.bfloat16, params, _with_grads(name))
 
 
@@ -2043,14 +2041,14 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
         assert torch.equal(got, want)
 
 
-# One shape per path, for CUDA-graph capture and for the tests of the device
-# a launch goes to: short rows (the tile kernels), long rows (the long-row
-# kernels, or the piped and RELOAD's tiles; where the dw/db kernel runs, as
-# for LayerNorm's trained rows, a capture runs it beside the dx kernel, in one
-# row slice), GroupNorm with 256 rows and with 4 rows split over programs (the
-# two-launch path).
-GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((300, 12288), None), ((200, 14336), None),
-                           ((200, 16384), None)],
+# One shape per path, for CUDA-graph capture and for the tests of the device a
+# launch goes to: short rows (the tile kernels), long rows (the long-row
+# kernels, or the piped tiles, in 16- and 8-byte vectors, and RELOAD's; where
+# the dw/db kernel runs, as for LayerNorm's trained rows, a capture runs it
+# beside the dx kernel, in one row slice), GroupNorm with 256 rows and with 4
+# rows split over programs (the two-launch path).
+GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((300, 12288), None), ((200, 13312), None),
+                           ((200, 14336), None), ((200, 16384), None)],
                    "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
 
 
