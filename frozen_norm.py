@@ -31,7 +31,7 @@ What you will learn by reading it
   its reductions lets x and dy die there (the piped rows), a select that no
   sum needs can be what makes a kernel spill (`_load_dy_xhat_g`), and
   narrower vector loads can let the empty end of a tile fold away at compile
-  time (`PIPED_VEC_ELEMENTS`).
+  time (`PIPED_VEC_ELEMENTS`, `FWD_VEC_ELEMENTS`).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -209,7 +209,8 @@ LONG_WIDE_CHUNK_MAX = 16384
 # 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
 # Longer than PADDED_ROW_MIN, such rows take the long-row plan instead, whose
 # chunks fit them closely (5120 = 5 x 1024), in the forwards (but FusedAdd's,
-# RESIDUAL_ROW_BLOCK_MAX), in the row norms' backward without dw/db and in
+# RESIDUAL_ROW_BLOCK_MAX, and 16-bit rows that narrower vectors fit better,
+# FWD_VEC_ELEMENTS), in the row norms' backward without dw/db and in
 # PolyNorm's backward. Measured faster at rows of 2304 to 12288 that fill 3/4
 # or less, but for FusedAdd's backward at 2304 and 2560; at 7/8 (3584, 7168)
 # the tile measured faster, and on shorter rows in most kernels (below). A
@@ -244,11 +245,29 @@ PADDED_WARP_ROW_MAX = 1024
 # RMSNorm's and FusedAdd's kernels (one row sum) halve the chunks of padded
 # 16-bit rows down to RMS_PADDED_CHUNK_MIN only: 4 warps of 8 elements,
 # 16-byte loads, where chunks of LONG_CHUNK_MIN make 8-byte ones. Measured
-# faster at 2304, 2560 and 4608 although the last chunk pads more; LayerNorm's
-# and PolyNorm's kernels measured slower so. RMSNorm's frozen backward still
-# takes whole chunks of LONG_CHUNK_MIN where this leaves a partial one (4608
-# = 9 x 512; LONG_BWD_SPILL_CHUNK_MIN below) (NOTES.md, section 6).
+# faster at 2304, 2560 and 4608 although the last chunk pads more (the
+# forwards of such rows take a tile since, FWD_VEC_ELEMENTS, but where not
+# aligned for vectors); LayerNorm's and PolyNorm's kernels measured slower
+# so. RMSNorm's frozen backward still takes whole chunks of LONG_CHUNK_MIN
+# where this leaves a partial one (4608 = 9 x 512; LONG_BWD_SPILL_CHUNK_MIN
+# below) (NOTES.md, section 6).
 RMS_PADDED_CHUNK_MIN = 1024
+# RMSNorm's and LayerNorm's forwards (not FusedAdd's, in a tile anyway, which
+# measured as fast either way) take 16-bit rows of PADDED_ROW_MIN to
+# ROW_BLOCK_MAX elements back into one tile, with N a compile-time constant,
+# where 16-byte vectors leave the row's last repeat of a thread's lanes (every
+# 32 x warps x 8 elements) partial: in vectors of FWD_VEC_ELEMENTS, the widest
+# that cut the row in whole repeats (4 elements, 8 bytes: 2560, 5120, 7168),
+# else the narrowest (4608 = 9 repeats of 512), so that the lanes past N fold
+# away at compile time and fewer stay masked. LayerNorm's rows wherever so
+# (those in full tiles too: 3328, 3584, 7168); RMSNorm's where they fill the
+# tile poorly (PADDED_ROW_FILL). Measured faster than the long-row plan at
+# 2304 to 5632 (LayerNorm's most at 4352), and than the plain tile at
+# LayerNorm's 3328 to 7680 but 3840; RMSNorm's full tiles measured even or
+# slower so, and rows in whole 16-byte repeats (3072, 6144) slower in a tile
+# than in chunks. fp32 rows, unmeasured so, keep their plans (NOTES.md,
+# section 6).
+FWD_VEC_ELEMENTS = (4, 2)
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -628,6 +647,21 @@ def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
     if N <= PIPED_ROW_MAX:
         return not center and 0 < tail <= narrow
     return tail == narrow
+
+
+def _narrow_forward(t: "_RowTiling", x: torch.Tensor, M: int, N: int, stride_x: int,
+                    center: bool) -> tuple:
+    """A row norm's forward plan `t` for x's M rows of N elements (row stride
+    stride_x) and VEC 0, or by the rule of FWD_VEC_ELEMENTS one tile and the
+    elements of its narrower vectors (16-bit rows aligned for vectors only,
+    `_vector_aligned`; LayerNorm's if `center`)."""
+    if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x)):
+        return t, 0
+    tile = _row_tiling(M, N)
+    threads = 32 * tile.num_warps
+    if N % (threads * 8) == 0 or not (center or _fills_poorly(N, tile.block_n, PADDED_ROW_FILL)):
+        return t, 0   # whole 16-byte repeats (8 elements a thread), or RMSNorm's full tile
+    return tile, next((v for v in FWD_VEC_ELEMENTS if N % (threads * v) == 0), FWD_VEC_ELEMENTS[-1])
 
 
 def _padded_floor(x: torch.Tensor, center: bool) -> Optional[int]:
@@ -1239,7 +1273,7 @@ def _row_norm_fwd_kernel(
     M, N, stride_x, stride_r, stride_s, stride_y, eps,
     OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr,
 ):
     """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
 
@@ -1258,10 +1292,18 @@ def _row_norm_fwd_kernel(
       HAS_RESIDUAL  the load of R, the add and the store of S.
       HAS_W, HAS_B  the load and multiply by (o + w), the load and add of b.
     OFFSET is o; o = 0 removes the add of o to w (`_load_scale`).
+    N_CONST is 0, or N as a compile-time constant (FWD_VEC_ELEMENTS), so that
+    a thread's lanes past N fold away: their loads, stores and mask tests.
+    VEC is 0, or the elements of the vectors loaded (`tl.max_contiguous`
+    caps what Triton may assume contiguous); 0 removes the hint.
     """
+    if N_CONST:
+        N = N_CONST   # the row length as a compile-time constant
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
     cols = tl.arange(0, BLOCK_N)
+    if VEC:
+        cols = tl.max_contiguous(cols, VEC)
     x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
     mean, m2 = _chunk_moments(x, mask, N, CENTER)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
@@ -1815,11 +1857,13 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         residual, _, stride_r = _as_rows(residual, N)
     if M == 0:
         return y, s, mean, rstd
+    vec = 0   # FusedAdd's tile: 16-byte vectors
     if residual is None:
         # PADDED_TILE_WARPS for LayerNorm's padded rows, RMS_PADDED_CHUNK_MIN for RMSNorm's.
         plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
         # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
         t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
+        t, vec = _narrow_forward(t, x, M, N, stride_x, center)   # or one tile, narrower vectors
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX); one sum
         plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX)
         t = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)
@@ -1828,7 +1872,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
     if t.one_pass:
-        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows, **meta)
+        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows,
+                                             N_CONST=N if vec else 0, VEC=vec, **meta)
     else:
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,

@@ -743,17 +743,21 @@ def test_padded_rows_plan(N):
     """Rows longer than PADDED_ROW_MIN that fill at most PADDED_ROW_FILL of
     their power-of-two tile (real limits): the forward, the backward without
     dw/db and PolyNorm's backward take the long-row kernels; FusedAdd's
-    forward and a trained row-norm backward keep the tile kernels. The
-    kernels each call launches first, on meta tensors."""
+    forward and a trained row-norm backward keep the tile kernels, and so do
+    the forwards of 16-bit rows that 16-byte vectors leave a partial repeat
+    of a thread's lanes (FWD_VEC_ELEMENTS: 2304, 4608, 5120; the rule's own
+    test is test_narrow_forward_plan). The kernels each call launches first,
+    on meta tensors."""
     padded = fn.PADDED_ROW_MIN < N <= fn.PADDED_ROW_FILL * fn._pow2(N)
     assert padded == (N in (2304, 3072, 4608, 5120, 10240, 12288))
     if N == 4608:   # halved twice, down to 9 x 512 (LONG_CHUNK_MIN)
         assert fn._row_tiling(3, N, padded_long=True).block_n == 512
     long_rows, long_poly = padded or N > fn.ROW_BLOCK_MAX, padded or N > fn.POLY_ROW_BLOCK_MAX
+    long_forward = long_rows and N not in (2304, 4608, 5120)
     x, r, w, w3, b1 = _meta_rows(N)
     calls = {
-        "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), long_rows),
-        "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), long_rows),
+        "rms forward": (lambda: fn.rms_norm_forward(x, (N,), w), long_forward),
+        "ln forward": (lambda: fn.layer_norm_forward(x, (N,), w, w), long_forward),
         "fadd forward": (lambda: fn.fused_add_rms_norm_forward(x, x, w), False),
         "rms backward, w frozen": (lambda: fn.rms_norm_backward(x, x, w, r, compute_dw=False), long_rows),
         "ln backward, w and b frozen": (lambda: fn.layer_norm_backward(x, x, w, w, r, r, True, False, False),
@@ -816,10 +820,10 @@ def test_padded_short_rows_plan(N, monkeypatch):
 
 
 @pytest.mark.parametrize("name, call, N, dtype, chunk", [
-    ("rms", "forward", 2304, torch.bfloat16, 1024),   # RMS_PADDED_CHUNK_MIN, not 5 x 512
-    ("rms", "forward", 4608, torch.bfloat16, 1024),
+    ("rms", "forward", 2312, torch.bfloat16, 1024),   # RMS_PADDED_CHUNK_MIN, not 5 x 512
+    ("rms", "forward", 4600, torch.bfloat16, 1024),   # (rows of 16-bit vectors take a tile: FWD_VEC_ELEMENTS)
     ("rms", "forward", 4608, torch.float32, 512),     # fp32: chunks of LONG_CHUNK_MIN load 16 bytes a thread
-    ("ln", "forward", 4608, torch.bfloat16, 512),     # two sums: LONG_CHUNK_MIN
+    ("ln", "forward", 4600, torch.bfloat16, 512),     # two sums: LONG_CHUNK_MIN
     ("fadd", "frozen w", 2304, torch.bfloat16, 1024),
     ("fadd", "frozen w", 4608, torch.bfloat16, 1024),
     ("rms", "frozen w", 2304, torch.bfloat16, 1024),  # 512 would leave a partial chunk too
@@ -856,13 +860,64 @@ def test_padded_tiles_pipeline_deeper(name, N, padded):
 def test_padded_rows(name, mode, M, N):
     """Padded rows against float64, trained and frozen. 2560 (a tile of 4096):
     frozen through the long-row kernels, trained through the tile kernels (but
-    PolyNorm's backward and the forwards of RMSNorm and LayerNorm). 576 and
+    PolyNorm's backward), the forwards in a tile (FWD_VEC_ELEMENTS). 576 and
     1152, on a GPU: LayerNorm's padded tiles (on one warp at 576,
     PADDED_WARP_ROW_MAX; on PADDED_TILE_WARPS at 1152) and the long-row
     kernels in chunks of 256 on one warp (RMSNorm's frozen backward at 576;
     PolyNorm's forward and backward at both) compile and run."""
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     check_op(OPS[name], (M, N), torch.bfloat16, params, _with_grads(name))
+
+
+# The first forward launch of RMSNorm and LayerNorm on 16-bit rows of N
+# (real limits, FWD_VEC_ELEMENTS): "long" for the long-row kernel, else the
+# tile's VEC (0: 16-byte vectors, N at run time). 3072 and 6144 are whole
+# 16-byte repeats of a thread's lanes (1024 on 4 warps, 2048 on 8), 2312 is
+# not aligned for vectors; RMSNorm's full tiles (3328, 3584, 7168) keep VEC 0.
+NARROW_FORWARD_PLANS = {
+    "rms": {2304: 2, 2312: "long", 2560: 4, 2816: 2, 3072: "long", 3328: 0, 3584: 0, 4096: 0, 4352: 2, 4608: 2,
+            5120: 4, 5632: 2, 6144: "long", 6656: 0, 7168: 0, 8192: 0},
+    "ln": {2304: 2, 2312: "long", 2560: 4, 2816: 2, 3072: "long", 3328: 2, 3584: 4, 4096: 0, 4352: 2, 4608: 2,
+           5120: 4, 5632: 2, 6144: "long", 6656: 2, 7168: 4, 8192: 0}}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_narrow_forward_plan(dtype):
+    """RMSNorm's and LayerNorm's forwards hold 16-bit rows of PADDED_ROW_MIN
+    to ROW_BLOCK_MAX whose last repeat of a thread's lanes 16-byte vectors
+    leave partial in one tile, N a compile-time constant, in vectors of
+    FWD_VEC_ELEMENTS (8 bytes where they make whole repeats, else 4);
+    RMSNorm's only where the row fills the tile poorly (PADDED_ROW_FILL).
+    fp32 rows and FusedAdd's forward keep their plans (padded rows long,
+    FusedAdd's in a tile of 16-byte vectors). The first launch, on meta
+    tensors, at the real limits."""
+    from bench_frozen_norm import record_forward
+    for name, plans in NARROW_FORWARD_PLANS.items():
+        for N, want in plans.items():
+            if dtype == torch.float32:
+                want = "long" if N <= fn.PADDED_ROW_FILL * fn._pow2(N) else 0
+            launch = record_forward(name, (8192, N), dtype).launches[0]
+            if want == "long":
+                assert launch.name == "_long_row_norm_fwd_kernel", (name, N)
+                continue
+            c = launch.constexprs
+            got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"])
+            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, fn._pow2(N) // 1024, N if want else 0,
+                           want), (name, N)
+            fused = record_forward("fadd", (8192, N), dtype).launches[0]
+            assert (fused.name, fused.constexprs["N_CONST"], fused.constexprs["VEC"]) == (
+                "_row_norm_fwd_kernel", 0, 0), N
+
+
+@pytest.mark.parametrize("name", ["rms", "ln"])
+@pytest.mark.parametrize("N, dtype", [(2304, torch.bfloat16), (2560, torch.float16), (3584, torch.bfloat16),
+                                      (4352, torch.bfloat16), (2312, torch.bfloat16)])
+def test_narrow_forward(name, N, dtype):
+    """The forwards of test_narrow_forward_plan against float64 (the backward
+    with them): one tile in 4-byte vectors (2304; 4352, whose last repeat
+    of 512 stays half masked), in 8-byte ones (2560; LayerNorm's full tile
+    of 3584), and a row not aligned for vectors in the long-row kernel."""
+    check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name))
 
 
 def test_poly_forward_long_rows_past_1024():
