@@ -253,7 +253,7 @@ PADDED_WARP_ROW_MAX = 1024
 # below) (NOTES.md, section 6).
 RMS_PADDED_CHUNK_MIN = 1024
 # RMSNorm's and LayerNorm's forwards (not FusedAdd's, in a tile anyway, which
-# measured as fast either way) take 16-bit rows of PADDED_ROW_MIN to
+# measured no faster so) take 16-bit rows of PADDED_ROW_MIN to
 # ROW_BLOCK_MAX elements back into one tile, with N a compile-time constant,
 # where 16-byte vectors leave the row's last repeat of a thread's lanes (every
 # 32 x warps x 8 elements) partial: in vectors of FWD_VEC_ELEMENTS, the widest

@@ -910,14 +910,34 @@ def test_narrow_forward_plan(dtype):
 
 
 @pytest.mark.parametrize("name", ["rms", "ln"])
-@pytest.mark.parametrize("N, dtype", [(2304, torch.bfloat16), (2560, torch.float16), (3584, torch.bfloat16),
-                                      (4352, torch.bfloat16), (2312, torch.bfloat16)])
-def test_narrow_forward(name, N, dtype):
+@pytest.mark.parametrize("N, dtype, layout", [
+    (2304, torch.bfloat16, "contiguous"), (2560, torch.float16, "contiguous"), (3584, torch.bfloat16, "contiguous"),
+    (4352, torch.bfloat16, "contiguous"), (2312, torch.bfloat16, "contiguous"), (2304, torch.bfloat16, "wide"),
+    (2560, torch.bfloat16, "misaligned"), (2304, torch.bfloat16, "sliced")])
+def test_narrow_forward(name, N, dtype, layout):
     """The forwards of test_narrow_forward_plan against float64 (the backward
-    with them): one tile in 4-byte vectors (2304; 4352, whose last repeat
-    of 512 stays half masked), in 8-byte ones (2560; LayerNorm's full tile
-    of 3584), and a row not aligned for vectors in the long-row kernel."""
-    check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name))
+    with them), with the plan they launch: one tile in 4-byte vectors (2304;
+    4352, whose last repeat of 512 stays half masked), in 8-byte ones (2560;
+    LayerNorm's full tile of 3584), the long-row kernel for a row length not
+    aligned for vectors (2312). Rows sliced from wider ones keep the rule
+    where the row stride is aligned too ("wide": N + 64), not where it is not
+    ("sliced": N + 3); an address off a 16-byte boundary ("misaligned") keeps
+    it (Triton then proves no vector). The plan: recorded on meta tensors of
+    the same row stride."""
+    from bench_frozen_norm import recording
+    wide = lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 64)[..., : t.shape[-1]])
+    check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name),
+             layout=wide if layout == "wide" else LAYOUTS[layout])
+    x = torch.empty_strided((3, N), ({"wide": N + 64, "sliced": N + 3}.get(layout, N), 1), device="meta",
+                            dtype=dtype)
+    with recording() as rec:
+        fn.rms_norm_forward(x, (N,), x[0]) if name == "rms" else fn.layer_norm_forward(x, (N,), x[0], x[0])
+    forward = rec.launches[0]
+    want = "long" if layout == "sliced" else NARROW_FORWARD_PLANS[name][N]
+    if want == "long":
+        assert forward.name == "_long_row_norm_fwd_kernel"
+    else:
+        assert (forward.name, forward.constexprs["VEC"]) == ("_row_norm_fwd_kernel", want)
 
 
 def test_poly_forward_long_rows_past_1024():
