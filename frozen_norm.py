@@ -630,6 +630,13 @@ def _fills_poorly(N: int, block_n: int, fill: float) -> bool:
     return N <= fill * block_n
 
 
+def _lane_repeat(t: "_RowTiling", vec: int) -> int:
+    """Elements along a one-row tile of `t` after which a thread's lanes
+    repeat, in vectors of `vec` elements: each of its warps' 32 threads
+    loads one vector per repeat."""
+    return 32 * t.num_warps * vec
+
+
 def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
     """Whether a one-accumulator row of N elements in the tile kernel's tiling
     `t` loads narrow vectors (PIPED_VEC_ELEMENTS). A thread's lanes repeat
@@ -640,7 +647,7 @@ def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
     exactly at the half, so that no narrow repeat is partly masked (14336).
     Never in a tile with fewer elements than threads x 16 bytes (small test
     limits)."""
-    narrow = 32 * t.num_warps * PIPED_VEC_ELEMENTS
+    narrow = _lane_repeat(t, PIPED_VEC_ELEMENTS)
     tail = N % (2 * narrow)
     if t.block_n < 2 * narrow:
         return False
@@ -649,19 +656,21 @@ def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
     return tail == narrow
 
 
-def _narrow_forward(t: "_RowTiling", x: torch.Tensor, M: int, N: int, stride_x: int,
-                    center: bool) -> tuple:
-    """A row norm's forward plan `t` for x's M rows of N elements (row stride
-    stride_x) and VEC 0, or by the rule of FWD_VEC_ELEMENTS one tile and the
-    elements of its narrower vectors (16-bit rows aligned for vectors only,
-    `_vector_aligned`; LayerNorm's if `center`)."""
+def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool) -> tuple:
+    """By the rule of FWD_VEC_ELEMENTS, a row norm's forward of x's M rows of
+    N elements (row stride stride_x) in one tile of narrower vectors: the
+    tiling and the vectors' elements (VEC), or (None, 0) where the forward
+    plans as before (16-bit rows aligned for vectors only, `_vector_aligned`;
+    LayerNorm's if `center`)."""
     if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x)):
-        return t, 0
+        return None, 0
     tile = _row_tiling(M, N)
-    threads = 32 * tile.num_warps
-    if N % (threads * 8) == 0 or not (center or _fills_poorly(N, tile.block_n, PADDED_ROW_FILL)):
-        return t, 0   # whole 16-byte repeats (8 elements a thread), or RMSNorm's full tile
-    return tile, next((v for v in FWD_VEC_ELEMENTS if N % (threads * v) == 0), FWD_VEC_ELEMENTS[-1])
+    if N % _lane_repeat(tile, 16 // x.element_size()) == 0:
+        return None, 0   # whole repeats of 16-byte vectors
+    if not (center or _fills_poorly(N, tile.block_n, PADDED_ROW_FILL)):
+        return None, 0   # RMSNorm's full tile
+    # The widest that cuts the row in whole repeats, else the narrowest.
+    return tile, next((v for v in FWD_VEC_ELEMENTS if N % _lane_repeat(tile, v) == 0), FWD_VEC_ELEMENTS[-1])
 
 
 def _padded_floor(x: torch.Tensor, center: bool) -> Optional[int]:
@@ -1857,16 +1866,16 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         residual, _, stride_r = _as_rows(residual, N)
     if M == 0:
         return y, s, mean, rstd
-    vec = 0   # FusedAdd's tile: 16-byte vectors
     if residual is None:
-        # PADDED_TILE_WARPS for LayerNorm's padded rows, RMS_PADDED_CHUNK_MIN for RMSNorm's.
-        plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
-        # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
-        t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
-        t, vec = _narrow_forward(t, x, M, N, stride_x, center)   # or one tile, narrower vectors
-    else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX); one sum
+        t, vec = _narrow_forward(x, M, N, stride_x, center)   # one tile in narrower vectors, or:
+        if not vec:
+            # PADDED_TILE_WARPS for LayerNorm's padded rows, RMS_PADDED_CHUNK_MIN for RMSNorm's.
+            plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
+            # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
+            t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
+    else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX), 16-byte vectors; one sum
         plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX)
-        t = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)
+        t, vec = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), 0
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
