@@ -954,6 +954,19 @@ def _launcher(f):
 # =============================================================================
 
 @triton.jit
+def _tile_columns(BLOCK_N: tl.constexpr, VEC: tl.constexpr):
+    """A tile's column offsets 0 .. BLOCK_N - 1, declared contiguous in runs
+    of VEC only (`tl.max_contiguous`) where VEC > 0: Triton then loads
+    vectors of VEC elements, narrower than the 16 bytes it would take, and a
+    thread's lanes repeat more often along the row (PIPED_VEC_ELEMENTS,
+    FWD_VEC_ELEMENTS)."""
+    cols = tl.arange(0, BLOCK_N)
+    if VEC:
+        cols = tl.max_contiguous(cols, VEC)
+    return cols
+
+
+@triton.jit
 def _tile(rows, cols, M, N, stride):
     """Offsets and mask of a [ROWS, BLOCK] tile of a row-major (M, N) tensor.
 
@@ -1310,9 +1323,7 @@ def _row_norm_fwd_kernel(
         N = N_CONST   # the row length as a compile-time constant
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
-    cols = tl.arange(0, BLOCK_N)
-    if VEC:
-        cols = tl.max_contiguous(cols, VEC)
+    cols = _tile_columns(BLOCK_N, VEC)
     x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
     mean, m2 = _chunk_moments(x, mask, N, CENTER)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
@@ -1569,9 +1580,7 @@ def _row_norm_bwd_kernel(
         N = N_CONST   # the row length as a compile-time constant
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_N)
-    if VEC:
-        cols = tl.max_contiguous(cols, VEC)   # runs of VEC: the loads' vector width
+    cols = _tile_columns(BLOCK_N, VEC)
     if HAS_W and not W_PER_TILE:
         w_held = _load_scale(W, cols, N, OFFSET)   # in registers through the loop
     # The accumulators are tiles, summed over their rows once at the end: a
