@@ -300,6 +300,14 @@ LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
+# LayerNorm's and GroupNorm's long-row backward end pass 1 with two sums (of
+# xc * g and of g), whose exchange between warps waits at barriers. Where a
+# program holds all of its SM's registers (`_holds_sm`: 32 warps under
+# LONG_BWD_MAX_REGISTERS, 16 under LONG_BWD_SPILL_MAX_REGISTERS), nothing
+# else runs on the SM meanwhile, and the two go as one pair (PAIRED: one
+# `tl.reduce`, a barrier fewer): measured faster or even there, in 16- and
+# 32-bit rows (one GroupNorm shape slightly slower); where two programs
+# share an SM, mixed (NOTES.md, section 6).
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
@@ -612,6 +620,11 @@ def _warps_for(elements: int, elements_per_thread: int) -> int:
 def _programs_per_sm(num_warps: int) -> int:
     """Programs of `num_warps` warps that make up THREADS_PER_SM threads (at least 1)."""
     return max(1, THREADS_PER_SM // (32 * num_warps))
+
+
+def _holds_sm(num_warps: int, max_registers: int) -> bool:
+    """Whether a program of `num_warps` warps, `max_registers` a thread, takes all of an SM's registers."""
+    return 32 * num_warps * max_registers >= REGISTERS_PER_SM
 
 
 def _element_bytes(*tensors) -> int:
@@ -1068,6 +1081,12 @@ def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
     mean = mean_a + delta * frac_b
     m2 = m2_a + m2_b + delta * delta * n_a * frac_b
     return mean, m2
+
+
+@triton.jit
+def _add_pairs(a1, a2, b1, b2):
+    """Elementwise sum of two pairs: the combiner of a `tl.reduce` that adds two sums at once."""
+    return a1 + b1, a2 + b2
 
 
 @triton.jit
@@ -1695,7 +1714,7 @@ def _long_row_norm_bwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_C: tl.constexpr, PAIRED: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -1729,6 +1748,9 @@ def _long_row_norm_bwd_kernel(
     (LONG_PRESUM, or 1, which removes the pre-sum: see the constant); a
     power of two up to BLOCK_N, in registers when a thread holds that many
     (LONG_ELEMENTS_PER_THREAD).
+    PAIRED (with CENTER, per-lane sums): pass 1's two lane sums reduced as
+    one pair, one exchange between warps (`_add_pairs`); False keeps two
+    `tl.sum`, each with its own (see LONG_BWD_MAX_REGISTERS: `_holds_sm`).
     HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
@@ -1773,10 +1795,15 @@ def _long_row_norm_bwd_kernel(
             sum_xc_g += tl.sum(xc * g, axis=1)
             if CENTER:
                 sum_g += tl.sum(g, axis=1)
-        c1 = tl.sum(sum_xc_g, axis=0) * rstd / N
-        c2 = 0.0
-        if CENTER:
-            c2 = tl.sum(sum_g, axis=0) / N
+        if CENTER and PAIRED:
+            total_xc_g, total_g = tl.reduce((sum_xc_g, sum_g), 0, _add_pairs)
+            c1 = total_xc_g * rstd / N
+            c2 = total_g / N
+        else:
+            c1 = tl.sum(sum_xc_g, axis=0) * rstd / N
+            c2 = 0.0
+            if CENTER:
+                c2 = tl.sum(sum_g, axis=0) / N
     # Pass 2, last chunk first (the one most likely still in L2): dx =
     # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * xc + k0.
     k1 = -rstd * rstd * c1
@@ -2022,12 +2049,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                               and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
             high_cap = ((whole_per_lane or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
+            cap = LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
-                num_warps=t.num_warps,
-                maxnreg=LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
+                PAIRED=mean is not None and _holds_sm(t.num_warps, cap), num_warps=t.num_warps, maxnreg=cap)
         if beside:
             share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
             _run_beside(x.device, launch_dx, functools.partial(
@@ -2836,8 +2863,9 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            BLOCK_C=_group_long_sum_channels(Cg, HW, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS,
-            **meta)
+            BLOCK_C=_group_long_sum_channels(Cg, HW, long_rows.block_n),
+            PAIRED=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
+            maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
     else:
         # The spare columns of the stats tensor are the sums launch's scratch,
         # a pair per program: `pieces` runs of tiles per split with w and b

@@ -1056,6 +1056,30 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, high_cap):
         check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
+@pytest.mark.parametrize("name, size, call, dtype, paired", [
+    ("ln", (4, 32768), "all frozen", torch.bfloat16, True),     # 32 warps under LONG_BWD_MAX_REGISTERS
+    ("ln", (4, 65536), "trainable", torch.bfloat16, True),      # the dx launch of a trained backward too
+    ("ln", (4, 12288), "all frozen", torch.float32, True),      # 16 warps under LONG_BWD_SPILL_MAX_REGISTERS
+    ("ln", (4, 16384), "all frozen", torch.bfloat16, False),    # 16 warps under 64 registers: two per SM
+    ("ln", (4, 24576), "all frozen", torch.bfloat16, False),    # six chunks of 4096, 16 warps
+    ("rms", (4, 32768), "frozen w", torch.bfloat16, False),     # one sum
+    ("fadd", (4, 32768), "frozen w", torch.bfloat16, False),
+    ("gn", (16, 512, 64, 64, 32), "all frozen", torch.bfloat16, True),
+    ("gn", (16, 512, 64, 64, 32), "trainable", torch.bfloat16, False)])   # per-channel sums
+def test_long_row_backward_paired(name, size, call, dtype, paired):
+    """The long-row backward reduces pass 1's two sums as one pair (PAIRED)
+    where a program holds all of its SM's registers (`_holds_sm`) and the
+    row has two per-lane sums: LayerNorm's, and GroupNorm's with w and b
+    frozen; never with one sum. On meta tensors; the fp32 case then runs
+    against float64 (bf16 rows of 65536 do in test_chunk_rules)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward(name, size, VARIANTS[name][call], dtype).launches[0]
+    assert launch.name == "_long_row_norm_bwd_kernel"
+    assert launch.constexprs["PAIRED"] == paired
+    if dtype == torch.float32:
+        check_op(OPS[name], (3, size[1]), dtype, ALL_FROZEN[name], _with_grads(name))
+
+
 @pytest.mark.parametrize("name, N, presum", [("ln", 12288, fn.LONG_PRESUM), ("rms", 16384, 1),
                                              ("rms", 16400, fn.LONG_PRESUM), ("fadd", 70001, fn.LONG_PRESUM),
                                              ("poly", 16400, fn.LONG_PRESUM)])
