@@ -300,14 +300,16 @@ LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
-# LayerNorm's and GroupNorm's long-row backward end pass 1 with two sums (of
-# xc * g and of g), whose exchange between warps waits at barriers. Where a
-# program holds all of its SM's registers (`_holds_sm`: 32 warps under
-# LONG_BWD_MAX_REGISTERS, 16 under LONG_BWD_SPILL_MAX_REGISTERS), nothing
-# else runs on the SM meanwhile, and the two go as one pair (PAIRED: one
-# `tl.reduce`, a barrier fewer): measured faster or even there, in 16- and
-# 32-bit rows (one GroupNorm shape slightly slower); where two programs
-# share an SM, mixed (NOTES.md, section 6).
+# The long-row backwards with several row sums end pass 1 by reducing them
+# across the program's warps, each sum an exchange through shared memory
+# between barriers: LayerNorm's and GroupNorm's two (of xc * g and of g),
+# PolyNorm's three (four with db). Where a program holds all of its SM's
+# registers (`_holds_sm`: 32 warps under LONG_BWD_MAX_REGISTERS, 16 under
+# LONG_BWD_SPILL_MAX_REGISTERS), nothing else runs on the SM meanwhile, and
+# the sums go as one tuple (JOINT: one `tl.reduce`, one exchange): measured
+# faster or even there, in 16- and 32-bit rows (one GroupNorm shape and two
+# PolyNorm lengths slightly slower); where two programs share an SM, mixed
+# (NOTES.md, section 6). The forwards' sums measured mixed so.
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
@@ -1083,10 +1085,25 @@ def _merge_moments(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
     return mean, m2
 
 
+# Combiners of a `tl.reduce` over a tuple: several row sums reduced at once,
+# with one exchange between warps (through shared memory, between barriers)
+# instead of one per sum.
 @triton.jit
-def _add_pairs(a1, a2, b1, b2):
-    """Elementwise sum of two pairs: the combiner of a `tl.reduce` that adds two sums at once."""
+def _add2(a1, a2, b1, b2):
+    """Elementwise sum of two pairs."""
     return a1 + b1, a2 + b2
+
+
+@triton.jit
+def _add3(a1, a2, a3, b1, b2, b3):
+    """Elementwise sum of two triples."""
+    return a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _add4(a1, a2, a3, a4, b1, b2, b3, b4):
+    """Elementwise sum of two quadruples."""
+    return a1 + b1, a2 + b2, a3 + b3, a4 + b4
 
 
 @triton.jit
@@ -1714,7 +1731,7 @@ def _long_row_norm_bwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_C: tl.constexpr, PAIRED: tl.constexpr,
+    BLOCK_C: tl.constexpr, JOINT: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -1748,9 +1765,9 @@ def _long_row_norm_bwd_kernel(
     (LONG_PRESUM, or 1, which removes the pre-sum: see the constant); a
     power of two up to BLOCK_N, in registers when a thread holds that many
     (LONG_ELEMENTS_PER_THREAD).
-    PAIRED (with CENTER, per-lane sums): pass 1's two lane sums reduced as
-    one pair, one exchange between warps (`_add_pairs`); False keeps two
-    `tl.sum`, each with its own (see LONG_BWD_MAX_REGISTERS: `_holds_sm`).
+    JOINT (with CENTER, per-lane sums): pass 1's two sums reduced as one
+    pair (`_add2`), one exchange between warps; False keeps two `tl.sum`,
+    each with its own (see LONG_BWD_MAX_REGISTERS: `_holds_sm`).
     HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
@@ -1795,8 +1812,8 @@ def _long_row_norm_bwd_kernel(
             sum_xc_g += tl.sum(xc * g, axis=1)
             if CENTER:
                 sum_g += tl.sum(g, axis=1)
-        if CENTER and PAIRED:
-            total_xc_g, total_g = tl.reduce((sum_xc_g, sum_g), 0, _add_pairs)
+        if CENTER and JOINT:
+            total_xc_g, total_g = tl.reduce((sum_xc_g, sum_g), 0, _add2)
             c1 = total_xc_g * rstd / N
             c2 = total_g / N
         else:
@@ -2054,7 +2071,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
-                PAIRED=mean is not None and _holds_sm(t.num_warps, cap), num_warps=t.num_warps, maxnreg=cap)
+                JOINT=mean is not None and _holds_sm(t.num_warps, cap), num_warps=t.num_warps, maxnreg=cap)
         if beside:
             share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
             _run_beside(x.device, launch_dx, functools.partial(
@@ -2864,7 +2881,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             BLOCK_C=_group_long_sum_channels(Cg, HW, long_rows.block_n),
-            PAIRED=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
+            JOINT=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
             maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
     else:
         # The spare columns of the stats tensor are the sums launch's scratch,
@@ -3113,12 +3130,6 @@ def _add_even_powers(X, cols, N, s1_v, s2_v, s3_v):
 
 
 @triton.jit
-def _add3(a1, a2, a3, b1, b2, b3):
-    """Elementwise sum of two triples: the combiner of `_poly_row_sums`' reduction."""
-    return a1 + b1, a2 + b2, a3 + b3
-
-
-@triton.jit
 def _dy_powers(x, dy):
     """dy * x, dy * x^2, dy * x^3: the summands of the row sums N * a_k / r_k."""
     x2 = x * x
@@ -3189,7 +3200,7 @@ def _long_poly_norm_bwd_kernel(
     DY, X, W, Rstd, DX, Partial,     # DY, X, DX: (M, N); W: (3,); Rstd: (M, 3) fp32; Partial: (M, 4) fp32
     stride_dy, stride_x, stride_dx,
     N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr,
-    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, JOINT: tl.constexpr,
 ):
     """PolyNorm backward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
     `_long_poly_norm_fwd_kernel` that `_long_row_norm_bwd_kernel` is on the
@@ -3209,6 +3220,9 @@ def _long_poly_norm_bwd_kernel(
       COMPUTE_DX  pass 2: the second read of x and dy, dx and its stores.
       COMPUTE_DW  the stores of the three power sums (dx needs the sums).
       COMPUTE_DB  the per-group sum of dy and its store.
+    JOINT: pass 1's sums reduced as one tuple (`_add3`, with COMPUTE_DB
+    `_add4`), one exchange between warps; False: a `tl.sum` each (see
+    LONG_BWD_MAX_REGISTERS: `_holds_sm`).
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
@@ -3227,7 +3241,13 @@ def _long_poly_norm_bwd_kernel(
     END: tl.constexpr = FULL if TAIL < BLOCK_N else N
     for start in range(0, END, BLOCK_N):
         s1_v, s2_v, s3_v, sdy_v = _add_dy_powers(X, DY, start + groups, N, s1_v, s2_v, s3_v, sdy_v, COMPUTE_DB)
-    s1, s2, s3, sdy = tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), tl.sum(sdy_v, axis=0)
+    if JOINT and COMPUTE_DB:
+        s1, s2, s3, sdy = tl.reduce((s1_v, s2_v, s3_v, sdy_v), 0, _add4)
+    elif JOINT:
+        s1, s2, s3 = tl.reduce((s1_v, s2_v, s3_v), 0, _add3)
+        sdy = 0.0
+    else:
+        s1, s2, s3, sdy = tl.sum(s1_v, axis=0), tl.sum(s2_v, axis=0), tl.sum(s3_v, axis=0), tl.sum(sdy_v, axis=0)
     if END < N:
         t1, t2, t3, tdy = _add_dy_powers(X, DY, FULL + _lane_groups(TAIL, TAIL), N, 0.0, 0.0, 0.0, 0.0, COMPUTE_DB)
         s1, s2, s3 = s1 + tl.sum(t1, axis=0), s2 + tl.sum(t2, axis=0), s3 + tl.sum(t3, axis=0)
@@ -3429,7 +3449,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
             N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
+            JOINT=_holds_sm(t.num_warps, LONG_BWD_MAX_REGISTERS), num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
 

@@ -1056,7 +1056,7 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, high_cap):
         check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
-@pytest.mark.parametrize("name, size, call, dtype, paired", [
+@pytest.mark.parametrize("name, size, call, dtype, joint", [
     ("ln", (4, 32768), "all frozen", torch.bfloat16, True),     # 32 warps under LONG_BWD_MAX_REGISTERS
     ("ln", (4, 65536), "trainable", torch.bfloat16, True),      # the dx launch of a trained backward too
     ("ln", (4, 12288), "all frozen", torch.float32, True),      # 16 warps under LONG_BWD_SPILL_MAX_REGISTERS
@@ -1064,19 +1064,23 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, high_cap):
     ("ln", (4, 24576), "all frozen", torch.bfloat16, False),    # six chunks of 4096, 16 warps
     ("rms", (4, 32768), "frozen w", torch.bfloat16, False),     # one sum
     ("fadd", (4, 32768), "frozen w", torch.bfloat16, False),
+    ("poly", (4, 32768), "all frozen", torch.bfloat16, True),   # three sums
+    ("poly", (4, 32768), "trainable", torch.bfloat16, True),    # four
+    ("poly", (4, 20480), "trainable", torch.bfloat16, False),   # 16 warps
     ("gn", (16, 512, 64, 64, 32), "all frozen", torch.bfloat16, True),
     ("gn", (16, 512, 64, 64, 32), "trainable", torch.bfloat16, False)])   # per-channel sums
-def test_long_row_backward_paired(name, size, call, dtype, paired):
-    """The long-row backward reduces pass 1's two sums as one pair (PAIRED)
-    where a program holds all of its SM's registers (`_holds_sm`) and the
-    row has two per-lane sums: LayerNorm's, and GroupNorm's with w and b
-    frozen; never with one sum. On meta tensors; the fp32 case then runs
-    against float64 (bf16 rows of 65536 do in test_chunk_rules)."""
+def test_long_row_backward_joint(name, size, call, dtype, joint):
+    """The long-row backward reduces pass 1's row sums as one tuple (JOINT)
+    where a program holds all of its SM's registers (`_holds_sm`) and it
+    has several per-lane sums: LayerNorm's, GroupNorm's with w and b frozen,
+    PolyNorm's; never with one sum. On meta tensors; the fp32 LayerNorm and
+    the frozen PolyNorm case then run against float64 (LayerNorm's bf16 rows
+    of 65536 and PolyNorm's trained ones do in test_chunk_rules)."""
     from bench_frozen_norm import VARIANTS, record_backward
     launch = record_backward(name, size, VARIANTS[name][call], dtype).launches[0]
-    assert launch.name == "_long_row_norm_bwd_kernel"
-    assert launch.constexprs["PAIRED"] == paired
-    if dtype == torch.float32:
+    assert launch.name == ("_long_poly_norm_bwd_kernel" if name == "poly" else "_long_row_norm_bwd_kernel")
+    assert launch.constexprs["JOINT"] == joint
+    if dtype == torch.float32 or (name, call) == ("poly", "all frozen"):
         check_op(OPS[name], (3, size[1]), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
