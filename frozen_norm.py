@@ -35,7 +35,9 @@ What you will learn by reading it
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
-  compile-time constant, as torch.compile's generated kernels do.
+  compile-time constant, as torch.compile's generated kernels do; and
+  several row sums reduced as one tuple (`tl.reduce` with `_add2`), one
+  exchange between warps, where a program is alone on its SM (JOINT).
 * Filling the GPU when a tensor has fewer rows than SMs (GroupNorm, small
   batches): each row split over programs, by channels and by pieces of
   them, in two launches, the partial moments merged by Chan's formula, and
@@ -307,9 +309,10 @@ LONG_BWD_SPILL_CHUNK_MIN = 1024
 # registers (`_holds_sm`: 32 warps under LONG_BWD_MAX_REGISTERS, 16 under
 # LONG_BWD_SPILL_MAX_REGISTERS), nothing else runs on the SM meanwhile, and
 # the sums go as one tuple (JOINT: one `tl.reduce`, one exchange): measured
-# faster or even there, in 16- and 32-bit rows (one GroupNorm shape and two
-# PolyNorm lengths slightly slower); where two programs share an SM, mixed
-# (NOTES.md, section 6). The forwards' sums measured mixed so.
+# faster or even there, in 16- and 32-bit rows (one GroupNorm shape and one
+# PolyNorm length slightly slower); where two programs share an SM, mixed
+# (NOTES.md, section 6). The forwards' sums, and GroupNorm's per-channel ones
+# with w or b trained, measured mixed so: they keep a reduction each.
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
@@ -1767,7 +1770,7 @@ def _long_row_norm_bwd_kernel(
     (LONG_ELEMENTS_PER_THREAD).
     JOINT (with CENTER, per-lane sums): pass 1's two sums reduced as one
     pair (`_add2`), one exchange between warps; False keeps two `tl.sum`,
-    each with its own (see LONG_BWD_MAX_REGISTERS: `_holds_sm`).
+    each with its own (see the JOINT rule beside LONG_BWD_MAX_REGISTERS).
     HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
@@ -3221,8 +3224,8 @@ def _long_poly_norm_bwd_kernel(
       COMPUTE_DW  the stores of the three power sums (dx needs the sums).
       COMPUTE_DB  the per-group sum of dy and its store.
     JOINT: pass 1's sums reduced as one tuple (`_add3`, with COMPUTE_DB
-    `_add4`), one exchange between warps; False: a `tl.sum` each (see
-    LONG_BWD_MAX_REGISTERS: `_holds_sm`).
+    `_add4`), one exchange between warps; False: a `tl.sum` each (see the
+    JOINT rule beside LONG_BWD_MAX_REGISTERS).
     """
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
