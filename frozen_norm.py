@@ -302,17 +302,21 @@ LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
-# The long-row backwards with several row sums end pass 1 by reducing them
-# across the program's warps, each sum an exchange through shared memory
-# between barriers: LayerNorm's and GroupNorm's two (of xc * g and of g),
-# PolyNorm's three (four with db). Where a program holds all of its SM's
+# JOINT. The long-row backwards with several row sums end pass 1 by reducing
+# them across the program's warps, each sum an exchange through shared
+# memory between barriers: LayerNorm's and GroupNorm's two (of xc * g and of
+# g), PolyNorm's three (four with db). Where a program holds all of its SM's
 # registers (`_holds_sm`: 32 warps under LONG_BWD_MAX_REGISTERS, 16 under
 # LONG_BWD_SPILL_MAX_REGISTERS), nothing else runs on the SM meanwhile, and
 # the sums go as one tuple (JOINT: one `tl.reduce`, one exchange): measured
 # faster or even there, in 16- and 32-bit rows (one GroupNorm shape and one
 # PolyNorm length slightly slower); where two programs share an SM, mixed
-# (NOTES.md, section 6). The forwards' sums, and GroupNorm's per-channel ones
-# with w or b trained, measured mixed so: they keep a reduction each.
+# (NOTES.md, section 6). So does the tile backward of a trained LayerNorm
+# for each row's c1 and c2 where its persistent grid runs one 16-warp
+# program per SM (rows of 4097 to ROW_BLOCK_MAX); the rows past it that one
+# trained parameter keeps in the tile measured slower so below 12288, and
+# the forwards' sums and GroupNorm's per-channel ones with w or b trained
+# mixed: they keep a reduction each.
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
@@ -1558,7 +1562,7 @@ def _row_norm_bwd_kernel(
     OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
-    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr,
+    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr, JOINT: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -1614,6 +1618,9 @@ def _row_norm_bwd_kernel(
                   so Triton loads narrower vectors and a thread's lanes
                   repeat more often along the row, which lets more of a
                   padded tile fold away under N_CONST. 0 removes the hint.
+    JOINT (with CENTER and COMPUTE_DX): a row's c1 and c2 sums reduced as one
+    pair (`_add2`), one exchange between warps; False: a `tl.sum` each (see
+    the JOINT rule beside LONG_BWD_MAX_REGISTERS).
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
@@ -1640,9 +1647,14 @@ def _row_norm_bwd_kernel(
         if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
         if COMPUTE_DX:
-            c1 = tl.sum(xhat * g, axis=1) / N
-            if CENTER:
-                c2 = tl.sum(g, axis=1) / N
+            if CENTER and JOINT:
+                sum_xhat_g, sum_g = tl.reduce((xhat * g, g), 1, _add2)
+                c1 = sum_xhat_g / N
+                c2 = sum_g / N
+            else:
+                c1 = tl.sum(xhat * g, axis=1) / N
+                if CENTER:
+                    c2 = tl.sum(g, axis=1) / N
             if RELOAD:
                 dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W, "evict_first",
                                               True)
@@ -2055,7 +2067,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, W_PER_TILE=w_per_tile,
-            N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0, num_warps=t.num_warps)
+            N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0,
+            JOINT=mean is not None and trains and _programs_per_sm(t.num_warps) == 1 and not one_acc,
+            num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is

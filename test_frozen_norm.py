@@ -1084,6 +1084,33 @@ def test_long_row_backward_joint(name, size, call, dtype, joint):
         check_op(OPS[name], (3, size[1]), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
+@pytest.mark.parametrize("name, size, call, joint", [
+    ("ln", (8192, 5120), "trainable", True),      # 16 warps: one program per SM
+    ("ln", (8192, 8192), "frozen b", True),
+    ("ln", (4096, 9216), "frozen w", False),      # db alone past ROW_BLOCK_MAX, piped
+    ("ln", (4096, 13312), "frozen w", False),     # and with RELOAD
+    ("ln", (16384, 4096), "trainable", False),    # 8 warps: two per SM
+    ("ln", (8192, 8192), "all frozen", False),    # frozen: a program per tile, several per SM
+    ("rms", (8192, 8192), "trainable", False),    # one sum
+    ("fadd", (8192, 8192), "trainable", False)])
+def test_tile_backward_joint(name, size, call, joint):
+    """The tile backward reduces a row's c1 and c2 sums as one pair (JOINT)
+    where its persistent grid puts one program on each SM (a trained
+    LayerNorm on 16 warps, rows up to ROW_BLOCK_MAX); not on the rows past
+    it that one trained parameter keeps in the tile, not where programs
+    share an SM, nor with one sum. On meta tensors; then the first two
+    against float64, on 3 rows (the same plan: it depends on the row, not
+    on the number of rows)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward(name, size, VARIANTS[name][call]).launches[0]
+    assert launch.name == "_row_norm_bwd_kernel"
+    assert launch.constexprs["JOINT"] == joint
+    if call in ("trainable", "frozen b") and joint:
+        assert record_backward(name, (3, size[1]), VARIANTS[name][call]).launches[0].constexprs["JOINT"]
+        params = {"weight": TRAIN, "bias": TRAIN if call == "trainable" else FROZEN}
+        check_op(OPS[name], (3, size[1]), torch.bfloat16, params, _with_grads(name))
+
+
 @pytest.mark.parametrize("name, N, presum", [("ln", 12288, fn.LONG_PRESUM), ("rms", 16384, 1),
                                              ("rms", 16400, fn.LONG_PRESUM), ("fadd", 70001, fn.LONG_PRESUM),
                                              ("poly", 16400, fn.LONG_PRESUM)])
