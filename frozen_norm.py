@@ -311,12 +311,12 @@ LONG_BWD_SPILL_CHUNK_MIN = 1024
 # the sums go as one tuple (JOINT: one `tl.reduce`, one exchange): measured
 # faster or even there, in 16- and 32-bit rows (one GroupNorm shape and one
 # PolyNorm length slightly slower); where two programs share an SM, mixed
-# (NOTES.md, section 6). So does the tile backward of a trained LayerNorm
-# for each row's c1 and c2 where its persistent grid runs one 16-warp
-# program per SM (rows of 4097 to ROW_BLOCK_MAX); the rows past it that one
-# trained parameter keeps in the tile measured slower so below 12288, and
-# the forwards' sums and GroupNorm's per-channel ones with w or b trained
-# mixed: they keep a reduction each.
+# (NOTES.md, section 6). The tile backward of a trained LayerNorm pairs each
+# row's c1 and c2 the same way where its persistent grid runs one program
+# per SM (16 warps: rows of 4097 to ROW_BLOCK_MAX), measured faster there;
+# the rows past ROW_BLOCK_MAX that one trained parameter keeps in the tile
+# measured slower so (below 12288), and the forwards' sums and GroupNorm's
+# per-channel ones with w or b trained mixed: they keep a reduction each.
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
