@@ -59,22 +59,58 @@ def _fold_reduce(op, inputs):
     return [op.to_tensor(np.squeeze(a, axis=op.axis), d) for a, d in zip(arrays, dtypes)]
 
 
-_INTERPRETER_REDUCE = None
+_INTERPRETER_REDUCE = _INTERPRETER_PATCH_LANG = None
 if not HAS_GPU:
     import numpy as np   # the interpreter's arrays
     from triton.runtime import interpreter
     _INTERPRETER_REDUCE = getattr(getattr(interpreter, "ReduceOps", None), "generic_reduce", None)
+    _INTERPRETER_PATCH_LANG = getattr(interpreter, "_patch_lang", None)
+
+
+class _LaunchPatch:
+    """The interpreter's patch of `triton.language` for a launch, undone by
+    `restore` when the launch ends. The interpreter patches the language
+    again at every call of a `@triton.jit` helper inside the kernel (about a
+    millisecond each, and our kernels make hundreds of such calls per row):
+    `_patch_lang_once` does it once per launch for each module the helpers
+    come from (ours, Triton's `standard`), as the interpreter's own calls
+    would leave it."""
+    patched = None   # while a launch runs: the globals of the modules done
+
+    def __init__(self, fn):
+        self.scope = _INTERPRETER_PATCH_LANG(fn)
+        _LaunchPatch.patched = {id(fn.__globals__)}
+
+    def restore(self):
+        _LaunchPatch.patched = None
+        self.scope.restore()
+
+
+def _patch_lang_once(fn):
+    """`_patch_lang` in place of the interpreter's: a launch's patch as
+    before; a helper's only the first time its module is met in the launch
+    (the interpreter never undoes a helper's patch either)."""
+    done = _LaunchPatch.patched
+    if done is None:
+        return _LaunchPatch(fn)
+    if id(fn.__globals__) not in done:
+        done.add(id(fn.__globals__))
+        return _INTERPRETER_PATCH_LANG(fn)
+    return None
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _fast_interpreter_reduce():
-    """`_fold_reduce` in place of the interpreter's own for the session (on a
-    GPU, or an interpreter without a `generic_reduce`, nothing changes)."""
-    if _INTERPRETER_REDUCE is None:
-        yield
-        return
+def _fast_interpreter():
+    """For the session, `_fold_reduce` in place of the interpreter's reduce
+    and `_patch_lang_once` in place of its `_patch_lang`, each where the
+    interpreter has it (on a GPU nothing changes). The second halved the
+    suite's time on the CPU here; the kernels' arithmetic is the
+    interpreter's either way."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(interpreter.ReduceOps, "generic_reduce", _fold_reduce)
+        if _INTERPRETER_REDUCE is not None:
+            patch.setattr(interpreter.ReduceOps, "generic_reduce", _fold_reduce)
+        if _INTERPRETER_PATCH_LANG is not None:
+            patch.setattr(interpreter, "_patch_lang", _patch_lang_once)
         yield
 
 
