@@ -1658,10 +1658,11 @@ def _row_norm_bwd_kernel(
             if RELOAD:
                 dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W, "evict_first",
                                               True)
-            dx = g - xhat * c1[:, None]
-            if CENTER:
-                dx = dx - c2[:, None]
-            dx = dx * rstd[:, None]
+            if CENTER:   # rstd * (g - xhat * c1 - c2) with rstd taken into the row constants first:
+                # two FMAs an element, not an FMA, a subtraction and a multiply
+                dx = g * rstd[:, None] - (c2 * rstd)[:, None] - xhat * (c1 * rstd)[:, None]
+            else:
+                dx = (g - xhat * c1[:, None]) * rstd[:, None]
             if HAS_DS:
                 ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
                 dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
