@@ -1516,10 +1516,14 @@ def _long_row_norm_fwd_kernel(
 
 
 @triton.jit
-def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr):
-    """mean (0 without CENTER) and rstd of a tile's rows; 0 for rows past M."""
+def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr, FOLD: tl.constexpr):
+    """mean (0 without CENTER) and rstd of a tile's rows; 0 for rows past M.
+    Without CENTER, FOLD makes the mean a constant 0, so that x - mean folds
+    away; False keeps a run-time 0 (rstd * 0.0, which may be NaN for all the
+    compiler knows) and the subtraction, for ptxas' sake only: see N_CONST in
+    `_row_norm_bwd_kernel`."""
     rstd = tl.load(Rstd + rows, mask=rows < M, other=0.0)
-    mean = rstd * 0.0
+    mean = tl.zeros_like(rstd) if FOLD else rstd * 0.0
     if CENTER:
         mean = tl.load(Mean + rows, mask=rows < M, other=0.0)
     return mean, rstd
@@ -1611,7 +1615,10 @@ def _row_norm_bwd_kernel(
                   xhat's masked lanes (`_load_dy_xhat_g`): ptxas (Triton
                   3.6) spills 128 bytes of RMSNorm's there with it, none
                   without, while in rows shorter than the tile it spills
-                  more without it (at 9216: 112 bytes, against 40). 0 keeps
+                  more without it (at 9216: 112 bytes, against 40); and
+                  there, and only there, RMSNorm's x - 0 stays (FOLD in
+                  `_load_row_stats`): those 128-register loops measured
+                  slower without it (NOTES.md, section 6). 0 keeps
                   N a run-time number (one compile serves every N of a tile).
       VEC         0, or the elements per vector load (PIPED_VEC_ELEMENTS):
                   the columns are declared contiguous in runs of VEC only,
@@ -1636,7 +1643,7 @@ def _row_norm_bwd_kernel(
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32) if COMPUTE_DB else 0.0
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-        mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER)
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER, N_CONST != BLOCK_N)
         x_offs, mask = _tile(rows, cols, M, N, stride_x)
         dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
         w = 1.0   # a placeholder, unused without HAS_W
@@ -1897,7 +1904,7 @@ def _row_norm_dwdb_kernel(
         dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
         if COMPUTE_DW:
-            mean = rstd * 0.0
+            mean = tl.zeros_like(rstd)   # a constant: x - mean folds away without CENTER
             if CENTER:
                 mean = tl.load(Mean + rows, mask=rows < row_end, other=0.0)
             x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
