@@ -1631,6 +1631,7 @@ def _row_norm_bwd_kernel(
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
+    padded: tl.constexpr = N_CONST != BLOCK_N   # the row may leave lanes of the tile empty (see N_CONST)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = _tile_columns(BLOCK_N, VEC)
@@ -1643,14 +1644,14 @@ def _row_norm_bwd_kernel(
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32) if COMPUTE_DB else 0.0
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
-        mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER, N_CONST != BLOCK_N)
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER, padded)
         x_offs, mask = _tile(rows, cols, M, N, stride_x)
         dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
         w = 1.0   # a placeholder, unused without HAS_W
         if HAS_W:
             w = _load_scale(W, cols, N, OFFSET) if W_PER_TILE else w_held
         dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
-                                      "evict_last" if RELOAD else "", N_CONST != BLOCK_N)
+                                      "evict_last" if RELOAD else "", padded)
         if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
         if COMPUTE_DX:
