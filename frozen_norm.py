@@ -1901,13 +1901,10 @@ def _row_norm_dwdb_kernel(
         if LAST_FIRST:
             block = blocks - 1 - i
         rows = row_start + block * BLOCK_M + tl.arange(0, BLOCK_M)
-        rstd = tl.load(Rstd + rows, mask=rows < row_end, other=0.0)
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)
         dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
         if COMPUTE_DW:
-            mean = tl.zeros_like(rstd)   # a constant: x - mean folds away without CENTER
-            if CENTER:
-                mean = tl.load(Mean + rows, mask=rows < row_end, other=0.0)
             x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
             x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
             dw_acc += dy * tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
