@@ -468,6 +468,17 @@ PIPELINE_STAGES = 3
 # backward of padded rows of 576 to 6144 (but FusedAdd's at 6144, slightly
 # slower), and slower on full tiles (NOTES.md, section 6).
 PADDED_PIPELINE_STAGES = PIPELINE_STAGES + 1
+# The trained backward (with dx) of RMSNorm's and FusedAdd's 16-bit rows of
+# 4097 to 5120 elements: a full tile of 4096 and a tail tile of this many
+# columns, instead of a tile of 8192 whose masked lanes (3/8 to 1/2 of them)
+# issue every instruction of the loop, which is bound by instruction issue
+# there (NOTES.md, section 7). On 16 warps a tail of 1024 gives a thread 2
+# elements, a 4-byte copy, the narrowest that cp.async pipelines; a tail of
+# 512 (2 bytes) measured far slower, and so did LayerNorm's and rows of 6144
+# (a full tile of 2048 after the 4096), and FusedAdd's (with ds) at 5120 by a
+# point: it takes the tail for rows of up to 4096 + PADDED_TAIL_BLOCK_N / 2
+# (NOTES.md, section 6).
+PADDED_TAIL_BLOCK_N = 1024
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
@@ -1560,13 +1571,42 @@ def _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW: tl.constexpr, COMPUTE_DB: 
 
 
 @triton.jit
+def _store_dx(DX, DS, dx, rows, cols, M, N, stride_ds, stride_dx, HAS_DS: tl.constexpr):
+    """dx (+ ds with HAS_DS) of a tile's rows and columns, stored in DX's dtype."""
+    if HAS_DS:
+        ds_offs, mask = _tile(rows, cols, M, N, stride_ds)
+        dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
+    dx_offs, mask = _tile(rows, cols, M, N, stride_dx)
+    tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_sums(DWp, DBp, dw_acc, db_acc, pid, cols, N, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr):
+    """A program's dw and db accumulators, summed over their rows, to its row of DWp and DBp."""
+    if COMPUTE_DW:
+        tl.store(DWp + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
+    if COMPUTE_DB:
+        tl.store(DBp + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def _tail_row_sum(t, t_tail, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr):
+    """Row sums of a row held as a [ROWS, BLOCK_N] tile and a [ROWS, TAIL] tail
+    (`_row_norm_bwd_kernel`'s TAIL). A thread holds BLOCK_N / TAIL times as
+    many of the tile's elements as of the tail's, side by side: viewed as
+    [ROWS, TAIL, BLOCK_N / TAIL], the tile is first summed in registers into
+    the tail's shape, so that one reduction, not two, crosses the warps."""
+    return tl.sum(tl.sum(tl.reshape(t, [ROWS, TAIL, BLOCK_N // TAIL]), axis=2) + t_tail, axis=1)
+
+
+@triton.jit
 def _row_norm_bwd_kernel(
     DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); DWp, DBp: (P, N) fp32
     M, N, stride_dy, stride_x, stride_ds, stride_dx, tiles_per_program,
     OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
-    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr, JOINT: tl.constexpr,
+    W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr, JOINT: tl.constexpr, TAIL: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -1578,7 +1618,7 @@ def _row_norm_bwd_kernel(
     most one program per tile); with neither COMPUTE_DW nor COMPUTE_DB, one
     program per tile (tiles_per_program = 1, STAGES = 1). Program p handles
     the [ROWS, BLOCK_N] tiles p, p + P, p + 2P, ... (tiles_per_program of
-    them) of whole rows (BLOCK_N >= N).
+    them) of whole rows (BLOCK_N >= N; with TAIL, BLOCK_N + TAIL >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
     Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous, or with
@@ -1628,34 +1668,60 @@ def _row_norm_bwd_kernel(
     JOINT (with CENTER and COMPUTE_DX): a row's c1 and c2 sums reduced as one
     pair (`_add2`), one exchange between warps; False: a `tl.sum` each (see
     the JOINT rule beside LONG_BWD_MAX_REGISTERS).
+    TAIL (0, or PADDED_TAIL_BLOCK_N; ROWS = 1, without CENTER, RELOAD and
+    N_CONST): the row is a full tile of BLOCK_N columns and a tail tile of
+    TAIL columns after it (BLOCK_N < N <= BLOCK_N + TAIL), each with its own
+    accumulators, instead of one tile of 2 * BLOCK_N with masked lanes; the
+    tail's c1 terms are added to the tile's in registers before the one
+    reduction (`_tail_row_sum`). 0 removes the tail's loads, sums and stores.
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
+    tl.static_assert(TAIL == 0 or (ROWS == 1 and not CENTER and not RELOAD and not N_CONST))
     padded: tl.constexpr = N_CONST != BLOCK_N   # the row may leave lanes of the tile empty (see N_CONST)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     cols = _tile_columns(BLOCK_N, VEC)
+    # With a tail the tile lies inside the row: BLOCK_N as its bound folds the column tests away.
+    n_tile = BLOCK_N if TAIL else N
+    tail = BLOCK_N + tl.arange(0, TAIL if TAIL else 1)   # the tail's columns (unused without TAIL)
     if HAS_W and not W_PER_TILE:
-        w_held = _load_scale(W, cols, N, OFFSET)   # in registers through the loop
+        w_held = _load_scale(W, cols, n_tile, OFFSET)   # in registers through the loop
+        if TAIL:
+            w_tail = _load_scale(W, tail, N, OFFSET)
     # The accumulators are tiles, summed over their rows once at the end: a
     # sum over the rows of every tile would cross warps (a shared-memory
     # round trip and a barrier per tile) when a tile holds several rows.
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32) if COMPUTE_DW else 0.0   # 0.0: a placeholder, unused
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32) if COMPUTE_DB else 0.0
+    dw_tail = tl.zeros([ROWS, TAIL], dtype=tl.float32) if COMPUTE_DW and TAIL else 0.0
+    db_tail = tl.zeros([ROWS, TAIL], dtype=tl.float32) if COMPUTE_DB and TAIL else 0.0
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER, padded)
-        x_offs, mask = _tile(rows, cols, M, N, stride_x)
-        dy_offs, _ = _tile(rows, cols, M, N, stride_dy)
+        x_offs, mask = _tile(rows, cols, M, n_tile, stride_x)
+        dy_offs, _ = _tile(rows, cols, M, n_tile, stride_dy)
         w = 1.0   # a placeholder, unused without HAS_W
         if HAS_W:
-            w = _load_scale(W, cols, N, OFFSET) if W_PER_TILE else w_held
+            w = _load_scale(W, cols, n_tile, OFFSET) if W_PER_TILE else w_held
         dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
-                                      "evict_last" if RELOAD else "", padded)
+                                      "evict_last" if RELOAD else "", padded and not TAIL)
+        if TAIL:
+            xt_offs, tail_mask = _tile(rows, tail, M, N, stride_x)
+            dyt_offs, _ = _tile(rows, tail, M, N, stride_dy)
+            wt = 1.0
+            if HAS_W:
+                wt = _load_scale(W, tail, N, OFFSET) if W_PER_TILE else w_tail
+            dy_t, xhat_t, g_t = _load_dy_xhat_g(X, DY, xt_offs, dyt_offs, tail_mask, mean, rstd, wt, HAS_W, "", True)
+            dw_tail, db_tail = _accumulate(dw_tail, db_tail, dy_t, xhat_t, COMPUTE_DW, COMPUTE_DB)
         if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
         if COMPUTE_DX:
-            if CENTER and JOINT:
+            if TAIL:
+                c1 = _tail_row_sum(xhat * g, xhat_t * g_t, ROWS, BLOCK_N, TAIL) / N
+                _store_dx(DX, DS, (g_t - xhat_t * c1[:, None]) * rstd[:, None], rows, tail, M, N, stride_ds,
+                          stride_dx, HAS_DS)
+            elif CENTER and JOINT:
                 sum_xhat_g, sum_g = tl.reduce((xhat * g, g), 1, _add2)
                 c1 = sum_xhat_g / N
                 c2 = sum_g / N
@@ -1671,17 +1737,12 @@ def _row_norm_bwd_kernel(
                 dx = g * rstd[:, None] - (c2 * rstd)[:, None] - xhat * (c1 * rstd)[:, None]
             else:
                 dx = (g - xhat * c1[:, None]) * rstd[:, None]
-            if HAS_DS:
-                ds_offs, _ = _tile(rows, cols, M, N, stride_ds)
-                dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
-            dx_offs, _ = _tile(rows, cols, M, N, stride_dx)
-            tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+            _store_dx(DX, DS, dx, rows, cols, M, n_tile, stride_ds, stride_dx, HAS_DS)
         if not N_CONST:
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
-    if COMPUTE_DW:
-        tl.store(DWp + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
-    if COMPUTE_DB:
-        tl.store(DBp + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
+    _store_sums(DWp, DBp, dw_acc, db_acc, pid, cols, N, COMPUTE_DW, COMPUTE_DB)
+    if TAIL:
+        _store_sums(DWp, DBp, dw_tail, db_tail, pid, tail, N, COMPUTE_DW, COMPUTE_DB)
 
 
 @triton.jit
@@ -1901,7 +1962,7 @@ def _row_norm_dwdb_kernel(
         if LAST_FIRST:
             block = blocks - 1 - i
         rows = row_start + block * BLOCK_M + tl.arange(0, BLOCK_M)
-        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)   # dw's alone: dead code without it
         dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
         if COMPUTE_DW:
@@ -2065,6 +2126,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains,
                       depth=PADDED_PIPELINE_STAGES if padded and not piped else PIPELINE_STAGES, exact=piped)
+        # RMSNorm's and FusedAdd's trained rows just past half a tile of 16 warps: that half and a tail
+        # (PADDED_TAIL_BLOCK_N; half of it filled at most with ds), on the same grid.
+        tail_fill = PADDED_TAIL_BLOCK_N // 2 if ds is not None else PADDED_TAIL_BLOCK_N
+        tail = (PADDED_TAIL_BLOCK_N if trains and compute_dx and mean is None and t.rows == 1
+                and t.block_n // 2 < N <= t.block_n // 2 + tail_fill and t.num_warps == 16
+                and not (one_acc or w_per_tile) and _vector_aligned((N, *strides))
+                and max(x.element_size(), dy.element_size()) == 2 else 0)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
@@ -2072,9 +2140,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            ROWS=t.rows, BLOCK_N=t.block_n, STAGES=stages, RELOAD=reload, W_PER_TILE=w_per_tile,
-            N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0,
-            JOINT=mean is not None and trains and _programs_per_sm(t.num_warps) == 1 and not one_acc,
+            ROWS=t.rows, BLOCK_N=t.block_n // 2 if tail else t.block_n, STAGES=stages, RELOAD=reload,
+            W_PER_TILE=w_per_tile, N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0,
+            JOINT=mean is not None and trains and _programs_per_sm(t.num_warps) == 1 and not one_acc, TAIL=tail,
             num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`

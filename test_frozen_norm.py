@@ -252,10 +252,13 @@ def grad_outputs(outs):
     return [randn(*o.shape, dtype=o.dtype, shift=0.1) for o in outs]
 
 
-def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, layout=None, **kw):
+def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, layout=None, along_y=False, **kw):
     """Forward and backward of one configuration against float64; returns the
     inputs used. `layout`, if given, makes each input a differently laid out
-    tensor of the same values (`LAYOUTS`)."""
+    tensor of the same values (`LAYOUTS`). `along_y`: each output's gradient
+    is the output plus noise, not noise alone, so that a row's sum of xhat * g
+    (c1) is large and an error in it shows in dx (with dy independent of y, c1
+    is about N^-1/2 of g and hides under 16-bit tolerances)."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
     if layout is not None:
         for k in input_names(op):
@@ -273,6 +276,8 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
     assert [o.requires_grad for o in outs] == [r.requires_grad for r in refs]
     outs, refs = zip(*[(o, r) for o, r in zip(outs, refs) if o.requires_grad])
     dys = grad_outputs(outs)
+    if along_y:
+        dys = [(o.detach().float() + dy.float()).to(o.dtype) for o, dy in zip(outs, dys)]
     torch.autograd.backward(outs, dys)
     torch.autograd.backward(refs, [dy.to("cpu", torch.float64) for dy in dys])
     for k, v in d.items():
@@ -888,6 +893,35 @@ def test_padded_tiles_pipeline_deeper(name, N, padded):
     launch = record_backward(name, (8192, N), VARIANTS[name]["trainable"]).launches[0]
     assert launch.name == "_row_norm_bwd_kernel" and launch.args[-1] > 1   # several tiles per program
     assert launch.constexprs["STAGES"] == (fn.PADDED_PIPELINE_STAGES if padded else fn.PIPELINE_STAGES)
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd"])
+@pytest.mark.parametrize("N", [4112, 4608, 5120])
+def test_padded_tail(name, N):
+    """RMSNorm's and FusedAdd's trained backward of 16-bit rows of 4097 to
+    5120 (FusedAdd's to 4608; aligned for vectors) runs a tile of 4096 and a
+    tail of PADDED_TAIL_BLOCK_N (4112: the tail holds 16 elements), checked
+    against float64 with dy along y (`check_op`), so that c1 must sum the
+    tile's and the tail's terms. The plan keeps the one tile of 8192 past
+    5120, for LayerNorm, fp32, an unaligned row, a frozen weight (the
+    long-row kernel) and dw alone."""
+    from bench_frozen_norm import VARIANTS, record_backward
+
+    def tiles(size, want, dtype=torch.bfloat16, op=name):
+        launch = record_backward(op, size, want, dtype).launches[0]
+        return launch.constexprs.get("BLOCK_N"), launch.constexprs.get("TAIL")
+    trained = VARIANTS[name]["trainable"]
+    if name == "fadd" and N > 4096 + fn.PADDED_TAIL_BLOCK_N // 2:   # with ds: the tail half full at most
+        assert tiles((8192, N), trained) == (8192, 0)
+        N = 4096 + fn.PADDED_TAIL_BLOCK_N // 2
+    assert tiles((8192, N), trained) == (4096, fn.PADDED_TAIL_BLOCK_N)
+    assert tiles((8192, 5376), trained) == (8192, 0)
+    assert tiles((8192, N), VARIANTS["ln"]["trainable"], op="ln") == (8192, 0)
+    assert tiles((8192, N), trained, torch.float32)[1] == 0
+    assert tiles((8192, N + 8), trained) == (8192, 0)   # N + 8: rows not 16-element aligned
+    assert tiles((8192, N), VARIANTS[name]["frozen w"])[1] is None   # the long-row kernel
+    assert tiles((8192, N), VARIANTS[name]["no dx"]) == (8192, 0)
+    check_op(OPS[name], (3, N), torch.bfloat16, ALL_TRAIN[name], _with_grads(name), along_y=True)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
@@ -2336,6 +2370,8 @@ def _check_huge(op, shape, groups, params):
     d = prepare(op, shape, torch.bfloat16, params, {k: True for k in input_names(op)}, groups)
     outs = as_tuple(op.run(d))
     dys = grad_outputs(outs)
+    if along_y:
+        dys = [(o.detach().float() + dy.float()).to(o.dtype) for o, dy in zip(outs, dys)]
     torch.autograd.backward(outs, dys)
     inputs = input_names(op)
     p64 = {k: d[k].detach().double().requires_grad_(d[k].requires_grad) for k in op.params}
