@@ -896,10 +896,11 @@ def test_padded_tiles_pipeline_deeper(name, N, padded):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd"])
-@pytest.mark.parametrize("N", [4112, 4608, 5120])
-def test_padded_tail(name, N):
-    """RMSNorm's and FusedAdd's trained backward of 16-bit rows of 4097 to
-    5120 (FusedAdd's to 4608; aligned for vectors) runs a tile of 4096 and a
+@pytest.mark.parametrize("N, dtype", [(4112, torch.bfloat16), (4608, torch.bfloat16), (5120, torch.bfloat16),
+                                      (4608, torch.float16)])
+def test_padded_tail(name, N, dtype):
+    """RMSNorm's and FusedAdd's trained backward of bf16 and fp16 rows of 4097
+    to 5120 (FusedAdd's to 4608; aligned for vectors) runs a tile of 4096 and a
     tail of PADDED_TAIL_BLOCK_N (4112: the tail holds 16 elements), checked
     against float64 with dy along y (`check_op`), so that c1 must sum the
     tile's and the tail's terms. The plan keeps the one tile of 8192 past
@@ -907,7 +908,7 @@ def test_padded_tail(name, N):
     long-row kernel) and dw alone."""
     from bench_frozen_norm import VARIANTS, record_backward
 
-    def tiles(size, want, dtype=torch.bfloat16, op=name):
+    def tiles(size, want, dtype=dtype, op=name):
         launch = record_backward(op, size, want, dtype).launches[0]
         return launch.constexprs.get("BLOCK_N"), launch.constexprs.get("TAIL")
     trained = VARIANTS[name]["trainable"]
@@ -921,7 +922,7 @@ def test_padded_tail(name, N):
     assert tiles((8192, N + 8), trained) == (8192, 0)   # N + 8: rows not 16-element aligned
     assert tiles((8192, N), VARIANTS[name]["frozen w"])[1] is None   # the long-row kernel
     assert tiles((8192, N), VARIANTS[name]["no dx"]) == (8192, 0)
-    check_op(OPS[name], (3, N), torch.bfloat16, ALL_TRAIN[name], _with_grads(name), along_y=True)
+    check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name), along_y=True)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
