@@ -2044,7 +2044,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     programs, which leaves one (P, N) fp32 buffer per trained parameter (264
     rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile,
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
-    tile poorly (PADDED_ROW_FILL).
+    tile poorly (PADDED_ROW_FILL). RMSNorm's and FusedAdd's trained 16-bit
+    rows just past 4096 as a tile of 4096 and a tail (PADDED_TAIL_BLOCK_N).
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
     kernel, one row per tile, piped up to PIPED_ROW_MAX, at 14336 (in narrow
     vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX, with RELOAD
