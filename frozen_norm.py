@@ -476,8 +476,9 @@ PADDED_PIPELINE_STAGES = PIPELINE_STAGES + 1
 # elements, a 4-byte copy, the narrowest that cp.async pipelines; a tail of
 # 512 (2 bytes) measured far slower, and so did LayerNorm's and rows of 6144
 # (a full tile of 2048 after the 4096), and FusedAdd's (with ds) at 5120 by a
-# point: it takes the tail for rows of up to 4096 + PADDED_TAIL_BLOCK_N / 2
-# (NOTES.md, section 6).
+# point: it takes the tail for rows of up to 4096 + PADDED_TAIL_BLOCK_N / 2,
+# frozen too, where the tail's persistent grid measured faster than the
+# long-row kernel (NOTES.md, section 6).
 PADDED_TAIL_BLOCK_N = 1024
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
@@ -1616,7 +1617,8 @@ def _row_norm_bwd_kernel(
 
     Grid: (P,), a persistent grid of about THREADS_PER_SM threads per SM (at
     most one program per tile); with neither COMPUTE_DW nor COMPUTE_DB, one
-    program per tile (tiles_per_program = 1, STAGES = 1). Program p handles
+    program per tile (tiles_per_program = 1, STAGES = 1), but with TAIL
+    (FusedAdd's frozen rows: the persistent grid). Program p handles
     the [ROWS, BLOCK_N] tiles p, p + P, p + 2P, ... (tiles_per_program of
     them) of whole rows (BLOCK_N >= N; with TAIL, BLOCK_N + TAIL >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
@@ -2045,7 +2047,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile,
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL). RMSNorm's and FusedAdd's trained 16-bit
-    rows just past 4096 as a tile of 4096 and a tail (PADDED_TAIL_BLOCK_N).
+    rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
+    tail (PADDED_TAIL_BLOCK_N), on the persistent grid.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
     kernel, one row per tile, piped up to PIPED_ROW_MAX, at 14336 (in narrow
     vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX, with RELOAD
@@ -2079,7 +2082,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # under LONG_BWD_MAX_REGISTERS (per-lane sums of 16-bit rows: LONG_BWD_SPILL_CHUNKS).
     presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
     may_spill = presum == 1 and x.element_size() == 2
-    plan = dict(backward=True, padded_long=not trains, padded_tile=mean is not None and not trains,
+    # RMSNorm's and FusedAdd's 16-bit rows just past half a tile of ROW_BLOCK_MAX, with dx asked: that
+    # half and a tail (PADDED_TAIL_BLOCK_N; half of it filled at most with ds), trained, and FusedAdd's
+    # frozen too, in the tile kernel's persistent grid, not the long-row kernel.
+    tail_fill = PADDED_TAIL_BLOCK_N // 2 if ds is not None else PADDED_TAIL_BLOCK_N
+    tail_rows = (compute_dx and mean is None and (trains or ds is not None)
+                 and ROW_BLOCK_MAX // 2 < N <= ROW_BLOCK_MAX // 2 + tail_fill
+                 and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
+    plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
     # The long-row dx kernel (not FusedAdd's with ds) on whole chunks where
@@ -2125,15 +2135,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # PIPELINE_STAGES, padded or not: two rows' buffers are what fits
         # (one, for FusedAdd's with ds and w at 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
-        g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains,
+        tail = (PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16)
+                and not (one_acc or w_per_tile) else 0)
+        g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
                       depth=PADDED_PIPELINE_STAGES if padded and not piped else PIPELINE_STAGES, exact=piped)
-        # RMSNorm's and FusedAdd's trained rows just past half a tile of 16 warps: that half and a tail
-        # (PADDED_TAIL_BLOCK_N; half of it filled at most with ds), on the same grid.
-        tail_fill = PADDED_TAIL_BLOCK_N // 2 if ds is not None else PADDED_TAIL_BLOCK_N
-        tail = (PADDED_TAIL_BLOCK_N if trains and compute_dx and mean is None and t.rows == 1
-                and t.block_n // 2 < N <= t.block_n // 2 + tail_fill and t.num_warps == 16
-                and not (one_acc or w_per_tile) and _vector_aligned((N, *strides))
-                and max(x.element_size(), dy.element_size()) == 2 else 0)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)

@@ -866,7 +866,7 @@ def test_padded_short_rows_plan(N, monkeypatch):
     ("rms", "forward", 4608, torch.float32, 512),     # fp32: chunks of LONG_CHUNK_MIN load 16 bytes a thread
     ("ln", "forward", 4600, torch.bfloat16, 512),     # two sums: LONG_CHUNK_MIN
     ("fadd", "frozen w", 2304, torch.bfloat16, 1024),
-    ("fadd", "frozen w", 4608, torch.bfloat16, 1024),
+    ("fadd", "frozen w", 4600, torch.bfloat16, 1024),  # (aligned rows of 4608 take a tile and a tail)
     ("rms", "frozen w", 2304, torch.bfloat16, 1024),  # 512 would leave a partial chunk too
     ("rms", "frozen w", 4608, torch.bfloat16, 512),   # whole chunks: 9 x 512
     ("rms", "frozen w", 2560, torch.bfloat16, 512),   # 5 x 512
@@ -903,9 +903,9 @@ def test_padded_tail(name, N, dtype):
     to 5120 (FusedAdd's to 4608; aligned for vectors) runs a tile of 4096 and a
     tail of PADDED_TAIL_BLOCK_N (4112: the tail holds 16 elements), checked
     against float64 with dy along y (`check_op`), so that c1 must sum the
-    tile's and the tail's terms. The plan keeps the one tile of 8192 past
-    5120, for LayerNorm, fp32, an unaligned row, a frozen weight (the
-    long-row kernel) and dw alone."""
+    tile's and the tail's terms; trained, and FusedAdd's frozen too. The plan
+    keeps the one tile of 8192 past 5120, for LayerNorm, fp32, an unaligned
+    row and dw alone, and RMSNorm's frozen rows their long-row kernel."""
     from bench_frozen_norm import VARIANTS, record_backward
 
     def tiles(size, want, dtype=dtype, op=name):
@@ -920,9 +920,13 @@ def test_padded_tail(name, N, dtype):
     assert tiles((8192, N), VARIANTS["ln"]["trainable"], op="ln") == (8192, 0)
     assert tiles((8192, N), trained, torch.float32)[1] == 0
     assert tiles((8192, N + 8), trained) == (8192, 0)   # N + 8: rows not 16-element aligned
-    assert tiles((8192, N), VARIANTS[name]["frozen w"])[1] is None   # the long-row kernel
+    # Frozen: FusedAdd's rows take the tile and the tail too (its long-row kernel is slower there),
+    # RMSNorm's the long-row kernel.
+    frozen = tiles((8192, N), VARIANTS[name]["frozen w"])
+    assert frozen == (4096, fn.PADDED_TAIL_BLOCK_N) if name == "fadd" else frozen[1] is None
     assert tiles((8192, N), VARIANTS[name]["no dx"]) == (8192, 0)
     check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name), along_y=True)
+    check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name), along_y=True)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
