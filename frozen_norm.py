@@ -2131,7 +2131,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Rows that fit in registers beside dw/db accumulators (piped or with
         # RELOAD: the accumulator beside one row's loads at a time): a
         # persistent grid, whose programs accumulate dw/db. With neither
-        # asked, one program per tile, as in the forward. Piped rows ask for
+        # asked, one program per tile, as in the forward (but the tail's
+        # rows, `tail_rows`, which keep the persistent grid). Piped rows ask for
         # PIPELINE_STAGES, padded or not: two rows' buffers are what fits
         # (one, for FusedAdd's with ds and w at 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
