@@ -1572,6 +1572,12 @@ def _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW: tl.constexpr, COMPUTE_DB: 
 
 
 @triton.jit
+def _rms_dx(g, xhat, c1, rstd):
+    """dx = rstd * (g - xhat * c1) of a tile's rows, without CENTER (no c2)."""
+    return (g - xhat * c1[:, None]) * rstd[:, None]
+
+
+@triton.jit
 def _store_dx(DX, DS, dx, rows, cols, M, N, stride_ds, stride_dx, HAS_DS: tl.constexpr):
     """dx (+ ds with HAS_DS) of a tile's rows and columns, stored in DX's dtype."""
     if HAS_DS:
@@ -1721,8 +1727,7 @@ def _row_norm_bwd_kernel(
         if COMPUTE_DX:
             if TAIL:
                 c1 = _tail_row_sum(xhat * g, xhat_t * g_t, ROWS, BLOCK_N, TAIL) / N
-                _store_dx(DX, DS, (g_t - xhat_t * c1[:, None]) * rstd[:, None], rows, tail, M, N, stride_ds,
-                          stride_dx, HAS_DS)
+                _store_dx(DX, DS, _rms_dx(g_t, xhat_t, c1, rstd), rows, tail, M, N, stride_ds, stride_dx, HAS_DS)
             elif CENTER and JOINT:
                 sum_xhat_g, sum_g = tl.reduce((xhat * g, g), 1, _add2)
                 c1 = sum_xhat_g / N
@@ -1738,7 +1743,7 @@ def _row_norm_bwd_kernel(
                 # two FMAs an element, not an FMA, a subtraction and a multiply
                 dx = g * rstd[:, None] - (c2 * rstd)[:, None] - xhat * (c1 * rstd)[:, None]
             else:
-                dx = (g - xhat * c1[:, None]) * rstd[:, None]
+                dx = _rms_dx(g, xhat, c1, rstd)
             _store_dx(DX, DS, dx, rows, cols, M, n_tile, stride_ds, stride_dx, HAS_DS)
         if not N_CONST:
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
@@ -2136,8 +2141,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # PIPELINE_STAGES, padded or not: two rows' buffers are what fits
         # (one, for FusedAdd's with ds and w at 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
-        tail = (PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16)
-                and not (one_acc or w_per_tile) else 0)
+        tail = PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16) else 0
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
                       depth=PADDED_PIPELINE_STAGES if padded and not piped else PIPELINE_STAGES, exact=piped)
         stages = 1 if reload else g.stages
