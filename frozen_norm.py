@@ -304,7 +304,7 @@ LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
 # JOINT. The long-row backwards with several row sums end pass 1 by reducing
 # them across the program's warps, each sum an exchange through shared
-# memory between barriers: LayerNorm's and GroupNorm's two (of xc * g and of
+# memory between barriers: LayerNorm's and GroupNorm's two (of x * g and of
 # g), PolyNorm's three (four with db). Where a program holds all of its SM's
 # registers (`_holds_sm`: 32 warps under LONG_BWD_MAX_REGISTERS, 16 under
 # LONG_BWD_SPILL_MAX_REGISTERS), nothing else runs on the SM meanwhile, and
@@ -320,7 +320,7 @@ LONG_BWD_SPILL_CHUNK_MIN = 1024
 # Pass 1 of the long-row kernels may first add each thread's 8 elements of a
 # chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
 # float per sum and thread instead of 8. In the backward, under its register
-# cap: LayerNorm, with two per-lane sums (xc * g and g), measured faster that
+# cap: LayerNorm, with two per-lane sums (of x * g and g), measured faster that
 # way at every length from 12288 to 65536; RMSNorm, with one, measured slower
 # at 16384 and equal or faster on longer rows (where its per-lane code spills
 # under the cap), so it pre-sums rows longer than LONG_BWD_PRESUM_AFTER only.
@@ -1753,19 +1753,18 @@ def _row_norm_bwd_kernel(
 
 
 @triton.jit
-def _load_xc_g(X, DY, W, cols, N, mean, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVICT: tl.constexpr,
-               HW: tl.constexpr):
-    """xc = x - mean and g = dy * (o + w) of a chunk of one row of N, in fp32;
-    x and dy loaded with the eviction policy EVICT; w as `_affine_index` says
-    (HW). Lanes past N have g = 0 (and xc = -mean), so they add nothing to
-    sums of g or xc * g."""
+def _load_x_g(X, DY, W, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVICT: tl.constexpr,
+              HW: tl.constexpr):
+    """x and g = dy * (o + w) of a chunk of one row of N, in fp32; x and dy
+    loaded with the eviction policy EVICT; w as `_affine_index` says (HW).
+    Lanes past N have x = g = 0, so they add nothing to sums of g or x * g."""
     mask = cols < N
     x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if HAS_W:
         index, n = _affine_index(cols, N, HW)
         g = g * _load_scale(W, index, n, OFFSET)
-    return x - mean, g
+    return x, g
 
 
 @triton.jit
@@ -1829,19 +1828,26 @@ def _long_row_norm_bwd_kernel(
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
 
     The delta on `_row_norm_bwd_kernel` is that of `_long_row_norm_fwd_kernel`
-    on the forward: one row per program, pass 1 accumulates xc * g (and g, for
+    on the forward: one row per program, pass 1 accumulates x * g (and g, for
     CENTER) per lane and reduces to c1 (and c2) once at the end; pass 2 reads x
     and dy again, last chunk first and mostly from L2, and writes dx. There is
     no dw/db accumulator for the row norms: one N wide would not fit in
     registers. (GroupNorm's dw and db are per channel, sums within a row.)
 
-    rstd is a row constant, so it is taken out of both passes: c1 = rstd *
-    mean(xc * g), and dx = rstd * g + k1 * xc + k0 with the row constants
-    k1 = -rstd^2 * c1 and k0 = -rstd * c2, two fused multiply-adds per element
-    once g is known. Instructions are not free here: at the copy's bandwidth
-    this kernel's take about half the SMs' issue slots (unpacking bf16 alone
-    is one per element and tensor), and the fewer multiplies measured faster
-    (NOTES.md, sections 2 and 6).
+    rstd and the mean are row constants, so both are taken out of the
+    passes: c1 = rstd * (sum(x * g) - mean * sum(g)) / N, and dx = rstd * g +
+    k1 * x + k0 with the row constants k1 = -rstd^2 * c1 and k0 = -rstd * c2
+    - mean * k1: two fused multiply-adds per element once g is known, and no
+    x - mean. Instructions are not free here: at the copy's bandwidth this
+    kernel's take about half the SMs' issue slots (unpacking bf16 alone is
+    one per element and tensor), and the fewer multiplies, then the dropped
+    subtractions, measured faster (NOTES.md, sections 2 and 6). The price
+    is rounding: x * g and mean * k1 are rounded at the size of x, not of x -
+    mean, which matters where the mean is large against the spread; there
+    the mean's own rounding (about 6e-8 * |mean| in fp32) bounds dx's error
+    in either form, and this one's measured a little larger (NOTES.md,
+    section 6). PyTorch's CUDA GroupNorm backward takes x uncentred too:
+    per-channel sums of dy * x and dy, and dx = a * dy + b * x + c.
 
     Grid: (M,), launched with at most LONG_BWD_MAX_REGISTERS registers per
     thread (LONG_BWD_SPILL_MAX_REGISTERS for fp32 rows and where ptxas spills
@@ -1882,7 +1888,7 @@ def _long_row_norm_bwd_kernel(
     lanes = tl.arange(0, BLOCK_N)
     # Pass 1: c1 = mean(xhat * g) and, for CENTER, c2 = mean(g). Unless
     # GroupNorm's w or b trains (the first branch), from per-lane sums of
-    # xc * g and g: a chunk is viewed as [BLOCK_N / PRESUM, PRESUM], PRESUM
+    # x * g and g: a chunk is viewed as [BLOCK_N / PRESUM, PRESUM], PRESUM
     # consecutive elements in one thread, which adds them in registers (no
     # shuffle, no barrier) before its lane sum: one float per thread and sum
     # instead of PRESUM.
@@ -1896,35 +1902,39 @@ def _long_row_norm_bwd_kernel(
         c1 = sum_xhat_g / N
         c2 = sum_g / N
     else:
-        sum_xc_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
+        sum_x_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
         if CENTER:
             sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
-            xc, g = _load_xc_g(X, DY, W, start + sum_lanes, N, mean, OFFSET, HAS_W, "evict_last", HW)
-            sum_xc_g += tl.sum(xc * g, axis=1)
+            x, g = _load_x_g(X, DY, W, start + sum_lanes, N, OFFSET, HAS_W, "evict_last", HW)
+            sum_x_g += tl.sum(x * g, axis=1)
             if CENTER:
                 sum_g += tl.sum(g, axis=1)
         if CENTER and JOINT:
-            total_xc_g, total_g = tl.reduce((sum_xc_g, sum_g), 0, _add2)
-            c1 = total_xc_g * rstd / N
-            c2 = total_g / N
+            total_x_g, total_g = tl.reduce((sum_x_g, sum_g), 0, _add2)
         else:
-            c1 = tl.sum(sum_xc_g, axis=0) * rstd / N
-            c2 = 0.0
+            total_x_g = tl.sum(sum_x_g, axis=0)
+            total_g = 0.0
             if CENTER:
-                c2 = tl.sum(sum_g, axis=0) / N
+                total_g = tl.sum(sum_g, axis=0)
+        if CENTER:   # sum(xc * g) = sum(x * g) - mean * sum(g): no x - mean per element
+            total_x_g -= mean * total_g
+        c1 = total_x_g * rstd / N
+        c2 = total_g / N
     # Pass 2, last chunk first (the one most likely still in L2): dx =
-    # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * xc + k0.
+    # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * x + k0.
     k1 = -rstd * rstd * c1
     k0 = -rstd * c2
+    if CENTER:   # k1 * xc = k1 * x - mean * k1
+        k0 -= mean * k1
     if HW > 0:
         lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
     for k in range(0, N, BLOCK_N):
         cols = (last - k) + lanes
         mask = cols < N
-        xc, g = _load_xc_g(X, DY, W, cols, N, mean, OFFSET, HAS_W, "evict_first", HW)
-        dx = g * rstd + (xc * k1 + k0)
+        x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW)
+        dx = g * rstd + (x * k1 + k0)
         if HAS_DS:
             dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)

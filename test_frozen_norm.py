@@ -1323,6 +1323,42 @@ def test_group_norm_large_mean(long_rows, monkeypatch):
     assert rel_error(check, ref) < 1e-3
 
 
+@pytest.mark.parametrize("op, long_rows, trained", [("ln", False, True), ("ln", True, True), ("ln", True, False),
+                                                      ("gn", False, True), ("gn", True, True), ("gn", True, False)])
+def test_large_mean_backward(op, long_rows, trained, monkeypatch):
+    """The backward on a large mean over a small spread (fp32, 1000 against
+    1), dy = y + noise so that c1 counts: the long-row kernel sums x * g
+    uncentred and takes the mean out once per row (`_long_row_norm_bwd_kernel`),
+    so x * g is rounded at the size of x; dx, dw and db must stay within a
+    few times the mean's own rounding, about 6e-8 * 1000, of float64."""
+    if op == "ln":
+        if long_rows:
+            _long_rows_from(512, monkeypatch)
+        x = randn(16, 3000, shift=1000.0)
+        w, b = randn(3000, shift=1.0), randn(3000)
+        run = lambda x, w, b: fn.layer_norm(x, (3000,), w, b)   # noqa: E731
+        ref = lambda x, w, b: fn.layer_norm_reference(x, (3000,), w, b)   # noqa: E731
+    else:
+        if long_rows:
+            _group_long_rows_from(64, monkeypatch)
+        assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
+        x = randn(1, 4, 30, 50, shift=1000.0)
+        w, b = randn(4, shift=1.0), randn(4)
+        run = lambda x, w, b: fn.group_norm(x, 2, w, b)   # noqa: E731
+        ref = lambda x, w, b: fn.group_norm_reference(x, 2, w, b)   # noqa: E731
+    leaves = [x.requires_grad_(), w.requires_grad_(trained), b.requires_grad_(trained)]
+    y = run(*leaves)
+    dy = y.detach() + randn(*y.shape)
+    y.backward(dy)
+    leaves64 = [t.detach().double().cpu().requires_grad_(t.requires_grad) for t in leaves]
+    ref(*leaves64).backward(dy.double().cpu())
+    for name, t, t64 in zip("xwb", leaves, leaves64):
+        if t.requires_grad:
+            assert rel_error(t.grad, t64.grad) < 2e-4, f"d{name} error {rel_error(t.grad, t64.grad):.2e}"
+        else:
+            assert t.grad is None
+
+
 # GroupNorm through the long-row kernels: HW = 64 (w loaded once per 8
 # elements), 36 (per 4), a row of one channel, and 9 channels of HW = 8. With
 # w or b trained, the backward's per-channel sums go in tiles (BLOCK_C x
