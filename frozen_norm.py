@@ -1301,6 +1301,19 @@ def _load_scale(W, cols, N, OFFSET: tl.constexpr):
 
 
 @triton.jit
+def _xhat(x, mean, rstd, CENTER: tl.constexpr):
+    """xhat = (x - mean) * rstd, mean and rstd broadcast against x. With
+    CENTER, as x * rstd - mean * rstd: the row constant mean * rstd first,
+    then one fused multiply-add an element instead of a subtraction and a
+    multiply (x * rstd is rounded at the size of x: see the rounding note of
+    `_long_row_norm_bwd_kernel`). Without it (RMSNorm's mean, a constant or
+    run-time 0) the subtraction stays as written, for the compiler to fold."""
+    if CENTER:
+        return x * rstd - mean * rstd
+    return (x - mean) * rstd
+
+
+@triton.jit
 def _row_affine(xhat, W, B, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
     """y = xhat * (o + w) + b in fp32, for a [ROWS, BLOCK_N] tile or a [BLOCK_N]
     chunk of one row (w and b broadcast over the rows)."""
@@ -1389,7 +1402,7 @@ def _row_norm_fwd_kernel(
     if CENTER:
         tl.store(Mean + rows, mean, mask=rows < M)
     y_offs, _ = _tile(rows, cols, M, N, stride_y)
-    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, OFFSET, HAS_W, HAS_B)
+    y = _row_affine(_xhat(x, mean[:, None], rstd[:, None], CENTER), W, B, cols, N, OFFSET, HAS_W, HAS_B)
     tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -1523,7 +1536,7 @@ def _long_row_norm_fwd_kernel(
             src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
             x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
             index, n = _affine_index(cols, N, HW)
-            y = _row_affine((x - mean) * rstd, W, B, index, n, OFFSET, HAS_W, HAS_B)
+            y = _row_affine(_xhat(x, mean, rstd, CENTER), W, B, index, n, OFFSET, HAS_W, HAS_B)
             tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -1542,9 +1555,9 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr, FOLD: tl.constexp
 
 
 @triton.jit
-def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W: tl.constexpr, EVICT: tl.constexpr,
-                    ZERO_MASKED: tl.constexpr):
-    """dy, xhat = (x - mean) * rstd and g = dy * w of a tile of rows, in fp32
+def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER: tl.constexpr, HAS_W: tl.constexpr,
+                    EVICT: tl.constexpr, ZERO_MASKED: tl.constexpr):
+    """dy, xhat = (x - mean) * rstd (`_xhat`) and g = dy * w of a tile of rows, in fp32
     (g = dy without a weight), x and dy loaded with the eviction policy EVICT
     ("": the default). Masked lanes load x = dy = 0, so their g = 0 and every
     term they add to a sum (dy * xhat, xhat * g, g) is 0. ZERO_MASKED also
@@ -1552,7 +1565,7 @@ def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W: tl.const
     N_CONST in `_row_norm_bwd_kernel`."""
     x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    xhat = (x - mean[:, None]) * rstd[:, None]
+    xhat = _xhat(x, mean[:, None], rstd[:, None], CENTER)
     if ZERO_MASKED:
         xhat = tl.where(mask, xhat, 0.0)
     g = dy
@@ -1712,7 +1725,7 @@ def _row_norm_bwd_kernel(
         w = 1.0   # a placeholder, unused without HAS_W
         if HAS_W:
             w = _load_scale(W, cols, n_tile, OFFSET) if W_PER_TILE else w_held
-        dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W,
+        dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER, HAS_W,
                                       "evict_last" if RELOAD else "", padded and not TAIL)
         if TAIL:
             xt_offs, tail_mask = _tile(rows, tail, M, N, stride_x)
@@ -1720,7 +1733,8 @@ def _row_norm_bwd_kernel(
             wt = 1.0
             if HAS_W:
                 wt = _load_scale(W, tail, N, OFFSET) if W_PER_TILE else w_tail
-            dy_t, xhat_t, g_t = _load_dy_xhat_g(X, DY, xt_offs, dyt_offs, tail_mask, mean, rstd, wt, HAS_W, "", True)
+            dy_t, xhat_t, g_t = _load_dy_xhat_g(X, DY, xt_offs, dyt_offs, tail_mask, mean, rstd, wt, CENTER, HAS_W,
+                                                "", True)
             dw_tail, db_tail = _accumulate(dw_tail, db_tail, dy_t, xhat_t, COMPUTE_DW, COMPUTE_DB)
         if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
@@ -1737,8 +1751,8 @@ def _row_norm_bwd_kernel(
                 if CENTER:
                     c2 = tl.sum(g, axis=1) / N
             if RELOAD:
-                dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, HAS_W, "evict_first",
-                                              True)
+                dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER, HAS_W,
+                                              "evict_first", True)
             if CENTER:   # rstd * (g - xhat * c1 - c2) with rstd taken into the row constants first:
                 # two FMAs an element, not an FMA, a subtraction and a multiply
                 dx = g * rstd[:, None] - (c2 * rstd)[:, None] - xhat * (c1 * rstd)[:, None]
@@ -1795,10 +1809,10 @@ def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
             offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), n_c, HW, HW)
             x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
             dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-            A_tile += dy * (x - mean)   # dy = 0 where masked
+            A_tile += dy * x   # dy = 0 where masked
             D_tile += dy
-        A = tl.sum(A_tile, axis=1) * rstd
         D = tl.sum(D_tile, axis=1)
+        A = (tl.sum(A_tile, axis=1) - mean * D) * rstd   # sum dy * (x - mean), the mean taken out
         if HAS_W:
             w = _load_vector(W, c_first + c, c_first + n_c)
             A_w = A * w
@@ -1985,7 +1999,7 @@ def _row_norm_dwdb_kernel(
         if COMPUTE_DW:
             x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
             x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-            dw_acc += dy * tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            dw_acc += dy * tl.where(mask, _xhat(x, mean[:, None], rstd[:, None], CENTER), 0.0)
         if COMPUTE_DB:
             db_acc += dy
     out = split.to(tl.int64) * N + cols
@@ -2703,7 +2717,7 @@ def _group_norm_fwd_kernel(
             tl.store(stats_row + 1, rstd)
         for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
             c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
-            y = (tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32) - mean) * rstd
+            y = _xhat(tl.load(X + base + offs, mask=mask, other=0.0).to(tl.float32), mean, rstd, True)
             if HAS_W:
                 y = y * _load_vector(W, c, c_hi)[:, None]
             if HAS_B:
@@ -2757,15 +2771,15 @@ def _group_norm_bwd_kernel(
     if DO_SUMS and not (COMPUTE_DW or COMPUTE_DB):
         # Frozen w and b: only the row's two sums are needed, not A and D per
         # channel, so they are accumulated per lane and reduced once at the end.
-        acc_xc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
+        acc_x_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         acc_g = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         for t in tl.range(t_lo, t_hi, num_stages=STAGES):
             c, offs, mask, _ = _group_tile(t, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
-            acc_xc_g += g * (x - mean)
+            acc_x_g += g * x
             acc_g += g
-        sum_xhat_g = tl.sum(tl.sum(acc_xc_g, axis=1), axis=0) * rstd
         sum_g = tl.sum(tl.sum(acc_g, axis=1), axis=0)
+        sum_xhat_g = (tl.sum(tl.sum(acc_x_g, axis=1), axis=0) - mean * sum_g) * rstd   # as `_long_row_norm_bwd_kernel`'s
     elif DO_SUMS:
         # A and D of the split's channels, into row (sample * runs + run) of
         # DWp and DBp. With runs > 1 (splits of one channel in [1, BLOCK_HW]
@@ -2791,11 +2805,11 @@ def _group_norm_bwd_kernel(
         c1 = sum_xhat_g / (Cg * HW)
         c2 = sum_g / (Cg * HW)
         k1 = -rstd * rstd * c1   # dx regrouped as in `_long_row_norm_bwd_kernel`
-        k0 = -rstd * c2
+        k0 = -rstd * c2 - mean * k1
         for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
             c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
-            dx = g * rstd + ((x - mean) * k1 + k0)
+            dx = g * rstd + (x * k1 + k0)
             tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 
