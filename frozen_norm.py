@@ -2779,7 +2779,8 @@ def _group_norm_bwd_kernel(
             acc_x_g += g * x
             acc_g += g
         sum_g = tl.sum(tl.sum(acc_g, axis=1), axis=0)
-        sum_xhat_g = (tl.sum(tl.sum(acc_x_g, axis=1), axis=0) - mean * sum_g) * rstd   # as `_long_row_norm_bwd_kernel`'s
+        # sum(xc * g) = sum(x * g) - mean * sum(g), as in `_long_row_norm_bwd_kernel`
+        sum_xhat_g = (tl.sum(tl.sum(acc_x_g, axis=1), axis=0) - mean * sum_g) * rstd
     elif DO_SUMS:
         # A and D of the split's channels, into row (sample * runs + run) of
         # DWp and DBp. With runs > 1 (splits of one channel in [1, BLOCK_HW]

@@ -1327,10 +1327,12 @@ def test_group_norm_large_mean(long_rows, monkeypatch):
                                                       ("gn", False, True), ("gn", True, True), ("gn", True, False)])
 def test_large_mean_backward(op, long_rows, trained, monkeypatch):
     """The backward on a large mean over a small spread (fp32, 1000 against
-    1), dy = y + noise so that c1 counts: the long-row kernel sums x * g
-    uncentred and takes the mean out once per row (`_long_row_norm_bwd_kernel`),
-    so x * g is rounded at the size of x; dx, dw and db must stay within a
-    few times the mean's own rounding, about 6e-8 * 1000, of float64."""
+    1), dy = y + noise so that c1 counts. LayerNorm's and GroupNorm's kernels
+    take the row's mean out of their per-element arithmetic (xhat = x * rstd
+    - mean * rstd, `_xhat`; sums of x * g less mean * sum(g),
+    `_long_row_norm_bwd_kernel`), so products are rounded at the size of x;
+    dx, dw and db must stay within a few times the mean's own rounding,
+    about 6e-8 * 1000, of float64: in a tile and on the long-row kernels."""
     if op == "ln":
         if long_rows:
             _long_rows_from(512, monkeypatch)
