@@ -1740,7 +1740,7 @@ def _beside_patterns():
 @pytest.mark.parametrize("name, params, inputs", list(_beside_patterns()))
 def test_long_row_dw_beside(name, params, inputs, monkeypatch):
     """The dw/db kernel beside the dx kernel (`_run_beside`, here in every call:
-    DW_BESIDE_EAGER), on 37 rows of 100 (3 interpreter SMs): one launch after
+    DW_BESIDE_EAGER), on 11 rows of 100 (3 interpreter SMs): one launch after
     the dx kernel's, first row first, in slabs of 64 columns (2 programs for
     half the SMs), 16 warps per accumulator, storing dw and db themselves (no
     scratch); without it, the dw/db kernel walks the rows last first. Against
@@ -1752,7 +1752,7 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
         want["db"] = params["bias"] == TRAIN
     for beside in [False, True]:
         monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
-        rec = record_backward(name, (37, 100), want, torch.float32, fn.INTERPRETER_SMS)
+        rec = record_backward(name, (11, 100), want, torch.float32, fn.INTERPRETER_SMS)
         dwdb = rec.launches[-1]
         assert [lc.name for lc in rec.launches] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"]
         assert dwdb.constexprs["LAST_FIRST"] is not beside
@@ -1760,11 +1760,11 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
             assert dwdb.grid == (2, 1) and dwdb.constexprs["BLOCK_N"] == 64, dwdb
             assert dwdb.num_warps == fn.DW_BESIDE_WARPS * (want["dw"] + want.get("db", False))
             assert dwdb.maxnreg == fn.DW_BESIDE_MAX_REGISTERS
-            assert rec.allocated_bytes == _grad_bytes(name, (37, 100), want, 4), rec.allocations
-    check_op(OPS[name], (37, 100), torch.float32, params, inputs)
+            assert rec.allocated_bytes == _grad_bytes(name, (11, 100), want, 4), rec.allocations
+    check_op(OPS[name], (11, 100), torch.float32, params, inputs)
     op = OPS[name]
     torch.manual_seed(1)
-    d = prepare(op, (37, 100), torch.bfloat16, params, inputs)
+    d = prepare(op, (11, 100), torch.bfloat16, params, inputs)
     first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
