@@ -1306,8 +1306,9 @@ def _xhat(x, mean, rstd, CENTER: tl.constexpr):
     CENTER, as x * rstd - mean * rstd: the row constant mean * rstd first,
     then one fused multiply-add an element instead of a subtraction and a
     multiply (x * rstd is rounded at the size of x: see the rounding note of
-    `_long_row_norm_bwd_kernel`). Without it (RMSNorm's mean, a constant or
-    run-time 0) the subtraction stays as written, for the compiler to fold."""
+    `_long_row_norm_bwd_kernel`). Without it (RMSNorm's mean: a constant 0,
+    whose subtraction the compiler folds away, or the run-time 0 that
+    `_load_row_stats` keeps on purpose) the expression stays as it was."""
     if CENTER:
         return x * rstd - mean * rstd
     return (x - mean) * rstd
