@@ -1783,6 +1783,19 @@ def _load_x_g(X, DY, W, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVIC
 
 
 @triton.jit
+def _dx_constants(c1, c2, mean, rstd, CENTER: tl.constexpr):
+    """The row constants k1, k0 of dx = rstd * (g - xhat * c1 - c2) regrouped
+    with x uncentred, dx = rstd * g + k1 * x + k0: k1 = -rstd^2 * c1 and k0 =
+    -rstd * c2, less mean * k1 with CENTER (k1 * xc = k1 * x - mean * k1).
+    The long-row and GroupNorm backwards' pass 2."""
+    k1 = -rstd * rstd * c1
+    k0 = -rstd * c2
+    if CENTER:
+        k0 -= mean * k1
+    return k1, k0
+
+
+@triton.jit
 def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
                         HAS_W: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
                         BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
@@ -1938,10 +1951,7 @@ def _long_row_norm_bwd_kernel(
         c2 = total_g / N
     # Pass 2, last chunk first (the one most likely still in L2): dx =
     # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * x + k0.
-    k1 = -rstd * rstd * c1
-    k0 = -rstd * c2
-    if CENTER:   # k1 * xc = k1 * x - mean * k1
-        k0 -= mean * k1
+    k1, k0 = _dx_constants(c1, c2, mean, rstd, CENTER)
     if HW > 0:
         lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
@@ -2806,8 +2816,7 @@ def _group_norm_bwd_kernel(
     if DO_DX:
         c1 = sum_xhat_g / (Cg * HW)
         c2 = sum_g / (Cg * HW)
-        k1 = -rstd * rstd * c1   # dx regrouped as in `_long_row_norm_bwd_kernel`
-        k0 = -rstd * c2 - mean * k1
+        k1, k0 = _dx_constants(c1, c2, mean, rstd, True)   # dx regrouped as in `_long_row_norm_bwd_kernel`
         for k in tl.range(0, t_hi - t_lo, num_stages=STAGES):   # the tiles of pass 1, last first
             c, offs, mask, _ = _group_tile(t_hi - 1 - k, c_lo, c_hi, HW, BLOCK_C, BLOCK_HW)
             x, g = _group_load_x_g(X + base, DY + base, W, c, offs, mask, c_hi, HAS_W)
