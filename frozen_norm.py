@@ -1403,7 +1403,12 @@ def _row_norm_fwd_kernel(
     if CENTER:
         tl.store(Mean + rows, mean, mask=rows < M)
     y_offs, _ = _tile(rows, cols, M, N, stride_y)
-    y = _row_affine(_xhat(x, mean[:, None], rstd[:, None], CENTER), W, B, cols, N, OFFSET, HAS_W, HAS_B)
+    # Not `_xhat`: x - mean is the subtraction `_chunk_moments` made for m2,
+    # and reused it leaves one tile of values live through the row reductions
+    # where x * rstd - mean * rstd keeps x and x - mean both (ptxas of Triton
+    # 3.6: 78 registers instead of 63 at BLOCK_N 8192, three 8-warp programs
+    # per SM instead of four; NOTES.md, section 6).
+    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, OFFSET, HAS_W, HAS_B)
     tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
