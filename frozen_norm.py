@@ -270,6 +270,17 @@ RMS_PADDED_CHUNK_MIN = 1024
 # than in chunks. fp32 rows, unmeasured so, keep their plans (NOTES.md,
 # section 6).
 FWD_VEC_ELEMENTS = (4, 2)
+# LayerNorm's forward of 16-bit rows in tiles FWD_SHORT_BLOCK_N wide (rows of
+# 385 to 512; padded shorter ones run on one warp) on MIN_WARPS warps runs
+# under a register cap of FWD_SHORT_MAX_REGISTERS: ptxas of Triton 3.6 gives
+# it 64 registers, eight 4-warp programs per SM, and 56 under the cap
+# without a spill, nine (Triton 3.8's gives 66 uncapped, seven programs, and
+# spills 16 bytes under the cap). Measured faster there; at rows of 1024 to
+# 4096 slower, at 256 (tiles 256 wide, the same 64 registers) slower too,
+# at 128 faster; RMSNorm's and FusedAdd's forwards even or slower so
+# (NOTES.md, section 6).
+FWD_SHORT_BLOCK_N = 512
+FWD_SHORT_MAX_REGISTERS = 56
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -2063,8 +2074,10 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
     if t.one_pass:
+        short = center and t.block_n == FWD_SHORT_BLOCK_N and t.num_warps == MIN_WARPS and x.element_size() == 2
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows,
-                                             N_CONST=N if vec else 0, VEC=vec, **meta)
+                                             N_CONST=N if vec else 0, VEC=vec,
+                                             maxnreg=FWD_SHORT_MAX_REGISTERS if short else None, **meta)
     else:
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
