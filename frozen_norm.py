@@ -270,17 +270,30 @@ RMS_PADDED_CHUNK_MIN = 1024
 # than in chunks. fp32 rows, unmeasured so, keep their plans (NOTES.md,
 # section 6).
 FWD_VEC_ELEMENTS = (4, 2)
-# LayerNorm's forward of 16-bit rows in tiles FWD_SHORT_BLOCK_N wide (rows of
-# 385 to 512; padded shorter ones run on one warp) on MIN_WARPS warps runs
-# under a register cap of FWD_SHORT_MAX_REGISTERS: ptxas of Triton 3.6 gives
-# it 64 registers, eight 4-warp programs per SM, and 56 under the cap
-# without a spill, nine (Triton 3.8's gives 66 uncapped, seven programs, and
-# spills 16 bytes under the cap). Measured faster there; at rows of 1024 to
-# 4096 slower, at 256 (tiles 256 wide, the same 64 registers) slower too,
-# at 128 faster; RMSNorm's and FusedAdd's forwards even or slower so
+# Register caps on LayerNorm's tile forward of 16-bit rows where one more
+# program per SM measured faster (`_forward_register_cap`):
+# * tiles FWD_SHORT_BLOCK_N wide (rows of 385 to 512; padded shorter ones run
+#   on one warp) on MIN_WARPS warps, under FWD_SHORT_MAX_REGISTERS: ptxas of
+#   Triton 3.6 gives them 64 registers, eight 4-warp programs per SM, and 56
+#   under the cap without a spill, nine (Triton 3.8's gives 66 uncapped,
+#   seven programs, and spills 16 bytes under the cap). Measured faster
+#   there; at rows of 1024 to 4096 slower, at 256 (tiles 256 wide, the same
+#   64 registers) slower too, at 128 faster.
+# * rows in a tile of ROW_BLOCK_MAX (8 warps) in vectors of
+#   FWD_VEC_ELEMENTS[0] elements, up to FWD_NARROW_ROW_MAX (so 5120), under
+#   FWD_NARROW_MAX_REGISTERS: ptxas of Triton 3.6 and 3.8 gives them 48
+#   registers, five programs per SM, and 40 under the cap without a spill,
+#   six. Measured faster there. Rows in 2-element vectors take 40 uncapped
+#   (4352 to 5632) or spill under the cap with Triton 3.8 (5888 to 6656),
+#   and under it measured even (4608, 5632, 6656) or slower (4352: the cap
+#   changes ptxas's schedule); 7168 (4-element vectors) spills under it;
+#   the 4-warp tiles of 4096 (3328, 48 registers) measured slower.
+# RMSNorm's and FusedAdd's forwards measured even or slower under such caps
 # (NOTES.md, section 6).
 FWD_SHORT_BLOCK_N = 512
 FWD_SHORT_MAX_REGISTERS = 56
+FWD_NARROW_ROW_MAX = 6144
+FWD_NARROW_MAX_REGISTERS = 40
 # Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
 # so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
 # Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
@@ -716,6 +729,19 @@ def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool
         return None, 0   # RMSNorm's full tile
     # The widest that cuts the row in whole repeats, else the narrowest.
     return tile, next((v for v in FWD_VEC_ELEMENTS if N % _lane_repeat(tile, v) == 0), FWD_VEC_ELEMENTS[-1])
+
+
+def _forward_register_cap(t: "_RowTiling", x: torch.Tensor, N: int, vec: int, center: bool) -> Optional[int]:
+    """The register cap of a row forward in one tile (`_row_norm_fwd_kernel`,
+    tiling t, VEC vec): FWD_SHORT_MAX_REGISTERS or FWD_NARROW_MAX_REGISTERS for
+    the LayerNorm tiles those constants name, else None (ptxas's choice)."""
+    if not center or x.element_size() != 2:
+        return None
+    if t.block_n == FWD_SHORT_BLOCK_N and t.num_warps == MIN_WARPS:
+        return FWD_SHORT_MAX_REGISTERS
+    if vec == FWD_VEC_ELEMENTS[0] and t.block_n == ROW_BLOCK_MAX and N <= FWD_NARROW_ROW_MAX:
+        return FWD_NARROW_MAX_REGISTERS
+    return None
 
 
 def _padded_floor(x: torch.Tensor, center: bool) -> Optional[int]:
@@ -2074,10 +2100,9 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
     if t.one_pass:
-        short = center and t.block_n == FWD_SHORT_BLOCK_N and t.num_warps == MIN_WARPS and x.element_size() == 2
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows,
                                              N_CONST=N if vec else 0, VEC=vec,
-                                             maxnreg=FWD_SHORT_MAX_REGISTERS if short else None, **meta)
+                                             maxnreg=_forward_register_cap(t, x, N, vec, center), **meta)
     else:
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
