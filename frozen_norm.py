@@ -32,6 +32,11 @@ What you will learn by reading it
   sum needs can be what makes a kernel spill (`_load_dy_xhat_g`), and
   narrower vector loads can let the empty end of a tile fold away at compile
   time (`PIPED_VEC_ELEMENTS`, `FWD_VEC_ELEMENTS`).
+* How registers per thread decide programs per SM, and how a register cap
+  (``maxnreg``) buys one more where ptxas does not spill under it
+  (`_forward_register_cap`, `LONG_BWD_MAX_REGISTERS`); and why the reports
+  to read are those of the Triton (ptxas) you run: the same code can take
+  64 registers under one and 78 under another (the tile forward's xhat).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
