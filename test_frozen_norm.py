@@ -364,14 +364,14 @@ def _long_rows_from(n, monkeypatch, presum=False):
 def test_long_rows(name, mode, presum, monkeypatch):
     """The long-row path (rows longer than ROW_BLOCK_MAX; PolyNorm's backward
     past POLY_ROW_BLOCK_MAX, its forward past POLY_FWD_ROW_BLOCK_MAX) at a
-    small, cheap size: 200 columns in chunks of 32 (the half chunk pads less
-    than 64), the last one partial; the forwards with per-lane sums, and with
-    pre-sums where they take them (LayerNorm, PolyNorm)."""
+    small, cheap size: 13 rows of 200 columns in chunks of 32 (the half chunk
+    pads less than 64), the last one partial; the forwards with per-lane
+    sums, and with pre-sums where they take them (LayerNorm, PolyNorm)."""
     _long_rows_from(64, monkeypatch, presum)
-    tiling = fn._row_tiling(37, 200)
+    tiling = fn._row_tiling(13, 200)
     assert not tiling.one_pass and tiling.block_n == 32
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
-    check_op(OPS[name], (37, 200), torch.float32, params, _with_grads(name))
+    check_op(OPS[name], (13, 200), torch.float32, params, _with_grads(name))
 
 
 def _poly_patterns():
@@ -383,9 +383,9 @@ def _poly_patterns():
 def test_poly_long_rows_freeze_patterns(params, inputs, monkeypatch):
     """PolyNorm's long-row backward (`_long_poly_norm_bwd_kernel`, past a
     POLY_ROW_BLOCK_MAX of 64) under every freeze pattern: dw or db alone, with
-    and without dx (no pass 2), bf16 rows of 200 in chunks of 32."""
+    and without dx (no pass 2), 13 bf16 rows of 200 in chunks of 32."""
     _long_rows_from(64, monkeypatch)
-    check_op(OPS["poly"], (37, 200), torch.bfloat16, params, inputs)
+    check_op(OPS["poly"], (13, 200), torch.bfloat16, params, inputs)
 
 
 @pytest.mark.parametrize("P, n_a, n_b, fold, bands", [
