@@ -984,6 +984,24 @@ def test_narrow_forward_plan(dtype):
                 "_row_norm_fwd_kernel", 0, 0), N
 
 
+@pytest.mark.parametrize("name, N, dtype, cap", [
+    ("ln", 512, torch.bfloat16, "short"), ("ln", 480, torch.float16, "short"), ("ln", 5120, torch.bfloat16, "narrow"),
+    ("ln", 512, torch.float32, None), ("ln", 256, torch.bfloat16, None), ("ln", 384, torch.bfloat16, None),
+    ("ln", 1024, torch.bfloat16, None), ("ln", 4608, torch.bfloat16, None), ("ln", 7168, torch.bfloat16, None),
+    ("ln", 8192, torch.bfloat16, None), ("rms", 512, torch.bfloat16, None), ("rms", 5120, torch.bfloat16, None),
+    ("fadd", 512, torch.bfloat16, None)])
+def test_forward_register_caps(name, N, dtype, cap):
+    """LayerNorm's 16-bit tile forwards that FWD_SHORT_* (tiles 512 wide on
+    MIN_WARPS warps) and FWD_NARROW_* (5120 in 4-element vectors) name launch
+    under their register cap; the others (a padded row of 384 on one warp,
+    4608 in 2-element vectors, 7168, fp32 rows, RMSNorm's and FusedAdd's)
+    under ptxas's own choice. On meta tensors, at the real limits."""
+    from bench_frozen_norm import record_forward
+    want = {"short": fn.FWD_SHORT_MAX_REGISTERS, "narrow": fn.FWD_NARROW_MAX_REGISTERS, None: None}[cap]
+    launches = record_forward(name, (8192, N), dtype).launches
+    assert [(lc.name, lc.maxnreg) for lc in launches] == [("_row_norm_fwd_kernel", want)], launches
+
+
 @pytest.mark.parametrize("name", ["rms", "ln"])
 @pytest.mark.parametrize("N, dtype, layout", [
     (2304, torch.bfloat16, "contiguous"), (2560, torch.float16, "contiguous"), (3584, torch.bfloat16, "contiguous"),
