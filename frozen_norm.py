@@ -133,423 +133,254 @@ __all__ = [
 # 2. Tuning constants, launch helpers and input checks
 # =============================================================================
 #
-# Every tuning number lives here with the reason for its value. NOTES.md
-# (sections 2 and 6) gives the measurements behind them: ptxas register reports
-# for the row limits, kernel-time sweeps on an H200 for elements per thread,
-# threads per SM, pipeline depth, the backward's tiles, the long-row chunks,
-# the dw/db tile and GroupNorm's tile. The rest (TILE_ELEMENTS, the
-# partial-sum tile) are first choices.
+# Every tuning number lives here, named, with what it sets and why. NOTES.md
+# has the evidence: section 8 each constant's full story (what else was tried,
+# and where it measured slower), sections 2 and 6 the measurements (ptxas
+# register reports, kernel-time sweeps on an H200). TILE_ELEMENTS and the
+# partial-sum tile are first choices; the others come from such sweeps.
 
-# Longest row (elements) a program holds in registers, in one tile: the forward
-# reads such a row once, the backward holds it beside its dw/db accumulators
-# (ptxas reports spills from 16384, LayerNorm at 16 warps; none at 8192).
-# Longer rows go to the long-row kernels (LONG_* below).
+# --- Tiles of whole rows (N <= ROW_BLOCK_MAX) --------------------------------
+
+# Longest row a program holds in registers, in one tile: the backward holds it
+# beside its dw/db accumulators, and ptxas spills from 16384 (LayerNorm, 16
+# warps). Longer rows take the long-row kernels (LONG_* below).
 ROW_BLOCK_MAX = 8192
-# Rows shorter than this many elements are batched into one tile, so that every
-# program moves enough bytes to amortise its launch and reductions.
+# Shorter rows are batched into tiles of at least this many elements, so that
+# each program moves enough bytes to amortise its launch and its reductions.
 TILE_ELEMENTS = 4096
-# The same for the backward's tiles (the row norms' and PolyNorm's; the
-# persistent grid's, which the frozen per-tile grid keeps): half the forward's,
-# so that rows of 2048 and less make 4-warp programs, four to an SM, where
-# tiles of 4096 made two of 8 warps. Measured faster at rows of 256 to 2048,
-# trained and frozen, but for the row norms trained at 2048 x 2048 (NOTES.md,
-# section 6); the forward's tiles measured slower so.
+# The backward's tiles (the row norms' and PolyNorm's): half the forward's,
+# so that rows of 2048 and less make 4-warp programs, four to an SM.
 LOOP_TILE_ELEMENTS = 2048
-# Elements of each tensor a thread holds, which sets a program's warps. 32 where
-# a program reads one tile and exits (four 16-byte bf16 loads per tensor in
-# flight, and several programs per SM); 16 in the backward (the row norms' and
-# PolyNorm's), where a program loops over the tiles of a persistent grid: more
-# warps share the work of the few programs an SM holds, and leave registers for
-# accumulators (the row norms' frozen backward, one program per tile, keeps
-# that tiling, as measured).
+# Elements of each tensor a thread holds, which sets a program's warps: 32
+# where a program reads one tile and exits (four 16-byte bf16 loads a tensor
+# in flight); 16 in the backward, whose programs loop over the tiles of a
+# persistent grid and keep registers for the dw/db accumulators.
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
-# Long rows (N > ROW_BLOCK_MAX): one program per row walks it twice in chunks,
-# the second time from L2. A chunk is a quarter of the row (rounded up to a
-# power of two), at most 8192 elements (but LONG_WIDE_CHUNK_MAX, below), at 8
-# elements per thread: 32 warps for 8192. Halves, eighths, a 4096 cap and 16
-# elements per thread each measured slower somewhere from 12288 to 32768
-# (NOTES.md, section 6). Where half a chunk pads the row less, the planner
-# takes it: 20480 = 5 x 4096, not 3 x 8192 with the last one half empty,
-# which idles half the warps of every third step.
-# Rows that take this plan because they fill a tile poorly (PADDED_ROW_FILL)
-# halve again while that pads less, down to LONG_CHUNK_MIN (4 warps of 4
-# elements, 8-byte bf16 loads): LayerNorm's 4608 = 9 x 512, not 5 x 1024
-# (RMSNorm's and FusedAdd's 16-bit rows stop at RMS_PADDED_CHUNK_MIN).
-# Longer rows measured slower so (13312 = 13 x 1024, not 7 x 2048), but
-# where the halving makes whole chunks in RMSNorm's frozen backward
-# (LONG_BWD_SPILL_CHUNK_MIN) or few of them (WHOLE_MAX_CHUNKS).
-# A quarter rounded up leaves rows of 20481 to 24576 three chunks of 8192;
-# the long-row backwards with several row sums (LayerNorm's, GroupNorm's,
-# PolyNorm's) on 16-bit rows take six of 4096 there (`_min_chunks`): under
-# LONG_BWD_MAX_REGISTERS a 32-warp program holds all of its SM's registers,
-# so each SM runs one row at a time, and two 16-warp programs per SM measured
-# faster (others slower so: the forwards, RMSNorm's and FusedAdd's
-# backwards, and rows of three chunks of 4096; NOTES.md, section 6).
-# GroupNorm's with w or b trained carry the rule to rows of up to five
-# (GROUP_TRAINED_MIN_CHUNKS).
+
+# --- Long rows (N > ROW_BLOCK_MAX): a program per row, two passes ------------
+
+# A program walks its row twice in chunks, the second time from L2: a quarter
+# row (LONG_MIN_CHUNKS) rounded up to a power of two, at most LONG_CHUNK_MAX
+# elements, LONG_ELEMENTS_PER_THREAD a thread (32 warps at 8192), halved once
+# where that pads the row less (20480 = 5 x 4096, not 3 x 8192 with the last
+# half empty). Rows on this plan because they fill a tile poorly (below) halve
+# while that pads less, down to LONG_CHUNK_MIN (LayerNorm's 4608 = 9 x 512).
+# The backwards with several row sums take six chunks of 4096, not three of
+# 8192, on 16-bit rows of 20481 to 24576 (`_min_chunks`): two 16-warp
+# programs per SM under LONG_BWD_MAX_REGISTERS, not one of 32.
 LONG_CHUNK_MAX = 8192
 LONG_CHUNK_MIN = 512
 LONG_MIN_CHUNKS = 4
 LONG_ELEMENTS_PER_THREAD = 8
-# The forwards with several row sums (LayerNorm's and PolyNorm's) and the
-# long-row backwards of RMSNorm, LayerNorm and PolyNorm (not FusedAdd's, with
-# ds) halve the chunks of 16-bit long rows further, down to LONG_CHUNK_MIN,
-# where that makes at most WHOLE_MAX_CHUNKS whole ones: 4608 = 9 x 512, 9216
-# = 9 x 1024 and 18432 = 9 x 2048, not 5 chunks with the last one half empty.
-# Measured faster there, frozen and trained; slower with more chunks (13312 =
-# 13 x 1024, 12800 = 25 x 512), in RMSNorm's forward (one sum), in FusedAdd's
-# backward (but at 18432), and in PolyNorm's fp32 forward at 9216 (NOTES.md,
-# section 6).
+# The forwards with several row sums and the long-row backwards of RMSNorm,
+# LayerNorm and PolyNorm halve the chunks of 16-bit rows further, down to
+# LONG_CHUNK_MIN, where that makes at most this many whole ones: 18432 = 9 x
+# 2048, not 5 x 4096 with the last half empty.
 WHOLE_MAX_CHUNKS = 9
-# The long-row forwards with one row sum (RMSNorm's, and FusedAdd's past
-# RESIDUAL_ROW_BLOCK_MAX) and backwards with several (LayerNorm's, GroupNorm's
-# with w and b frozen, PolyNorm's) take chunks of up to this many elements,
-# 16 a thread at MAX_WARPS, on 16-bit rows that they fit whole (a quarter of
-# a row longer than 32768: 49152 = 3 x 16384, not 6 x 8192): twice the bytes
-# in flight per program where a program per row leaves one or two per SM.
-# Measured faster there, and slower or mixed in the others: the forwards with
-# several sums, the backwards with one (RMSNorm's; FusedAdd's, with ds) and
-# GroupNorm's per-channel sums (NOTES.md, section 6).
+# Chunks of up to this many elements (16 a thread on MAX_WARPS) for 16-bit rows
+# they fit whole (49152 = 3 x 16384), in the long-row forwards with one row sum
+# and the backwards with several: twice the bytes in flight, where one or two
+# programs per row hold an SM.
 LONG_WIDE_CHUNK_MAX = 16384
-# A row that fills at most PADDED_ROW_FILL of its power-of-two tile (5120 of
-# 8192, 2560 or 3072 of 4096) leaves the rest of each thread's lanes masked.
-# Longer than PADDED_ROW_MIN, such rows take the long-row plan instead, whose
-# chunks fit them closely (5120 = 5 x 1024), in the forwards (but FusedAdd's,
-# RESIDUAL_ROW_BLOCK_MAX, and 16-bit rows that narrower vectors fit better,
-# FWD_VEC_ELEMENTS), in the row norms' backward without dw/db and in
-# PolyNorm's backward. Measured faster at rows of 2304 to 12288 that fill 3/4
-# or less, but for FusedAdd's backward at 2304 and 2560; at 7/8 (3584, 7168)
-# the tile measured faster, and on shorter rows in most kernels (below). A
-# trained row-norm backward keeps the tile, whose registers hold dw and db:
-# the long-row plan reads x and dy a second time for them (NOTES.md, section 6).
+
+# --- Padded rows: rows that fill their power-of-two tile poorly --------------
+
+# A row that fills at most PADDED_ROW_FILL of its tile (5120 of 8192) leaves
+# the rest of every thread's lanes masked. Longer than PADDED_ROW_MIN, it takes
+# the long-row plan instead, whose chunks fit it closely (5120 = 5 x 1024): in
+# the forwards (not FusedAdd's, RESIDUAL_ROW_BLOCK_MAX, nor 16-bit rows that
+# FWD_VEC_ELEMENTS fits), the row norms' backwards without dw/db and PolyNorm's
+# backward. A trained row-norm backward keeps the tile, whose registers hold
+# dw and db.
 PADDED_ROW_FILL = 0.75
 PADDED_ROW_MIN = 2048
-# Shorter such rows stay in a tile, but in PolyNorm's forward and backward
-# and RMSNorm's frozen backward, which take the long-row plan from
-# PADDED_SHORT_ROW_MIN on: up to 1024 (PolyNorm's: POLY_WARP_ROW_MAX), chunks
-# of 256 on one warp, a row per warp whose sums need no barrier. Measured
-# faster at rows of 576 to 768, even or faster from 1152 to 1536; FusedAdd's
-# backward with ds and RMSNorm's forward measured mixed so, LayerNorm's
-# kernels slower than on PADDED_TILE_WARPS, the row norms' trained backwards
-# slower (their dw needs the tile). PolyNorm's trained backward, whose dw
-# sums are scalars, measured slower too until its (M, 4) scratch was folded
-# (PARTIAL_FOLD_ROWS) (NOTES.md, section 6).
+# Shorter padded rows stay in a tile, but in PolyNorm's kernels and RMSNorm's
+# frozen backward, which take the long-row plan from this length on: chunks of
+# 256 on one warp (rows up to 1024; PolyNorm's up to POLY_WARP_ROW_MAX), whose
+# row sums need no barrier.
 PADDED_SHORT_ROW_MIN = 512
-# In a tile, Triton spreads the columns over the warps, so the padded
-# columns take whole warps: a row of 576 in a [4, 1024] tile of 4 warps
-# leaves the warp of columns 768 to 1023 nothing to load. On
-# PADDED_TILE_WARPS warps, every warp's columns take in real ones. Measured
-# faster in LayerNorm's forward and frozen backward at rows of 384 to 1536;
-# RMSNorm's (one row sum; FusedAdd shares its kernels) measured mixed, and
-# the trained backwards slower: they keep MIN_WARPS (NOTES.md, section 6).
-# Padded tiles of rows up to PADDED_WARP_ROW_MAX (the tile's power of two)
-# run on one warp instead, with half the rows, so the same elements per
-# thread: a row's sums stay in the warp, no barrier. Measured faster at rows
-# of 384 to 640; at 1152 and 1280 (tiles of 2048) one warp measured slower.
+# Triton spreads a tile's columns over its warps, so padding idles whole warps
+# (a row of 576 in a 4-warp tile 1024 wide leaves one warp nothing to load).
+# LayerNorm's forward and frozen backward run padded tiles on PADDED_TILE_WARPS
+# warps, and on one warp (half the rows) up to PADDED_WARP_ROW_MAX columns,
+# where a row's sums stay in its warp.
 PADDED_TILE_WARPS = 2
 PADDED_WARP_ROW_MAX = 1024
 # RMSNorm's and FusedAdd's kernels (one row sum) halve the chunks of padded
-# 16-bit rows down to RMS_PADDED_CHUNK_MIN only: 4 warps of 8 elements,
-# 16-byte loads, where chunks of LONG_CHUNK_MIN make 8-byte ones. Measured
-# faster at 2304, 2560 and 4608 although the last chunk pads more (the
-# forwards of such rows take a tile since, FWD_VEC_ELEMENTS, but where not
-# aligned for vectors); LayerNorm's and PolyNorm's kernels measured slower
-# so. RMSNorm's frozen backward still takes whole chunks of LONG_CHUNK_MIN
-# where this leaves a partial one (4608 = 9 x 512; LONG_BWD_SPILL_CHUNK_MIN
-# below) (NOTES.md, section 6).
+# 16-bit rows down to this length only: 4 warps of 16-byte loads, not 8-byte
+# ones.
 RMS_PADDED_CHUNK_MIN = 1024
-# RMSNorm's and LayerNorm's forwards (not FusedAdd's, in a tile anyway, which
-# measured no faster so) take 16-bit rows of PADDED_ROW_MIN to
-# ROW_BLOCK_MAX elements back into one tile, with N a compile-time constant,
-# where 16-byte vectors leave the row's last repeat of a thread's lanes (every
-# 32 x warps x 8 elements) partial: in vectors of FWD_VEC_ELEMENTS, the widest
-# that cut the row in whole repeats (4 elements, 8 bytes: 2560, 5120, 7168),
-# else the narrowest (4608 = 9 repeats of 512), so that the lanes past N fold
-# away at compile time and fewer stay masked. LayerNorm's rows wherever so
-# (those in full tiles too: 3328, 3584, 7168); RMSNorm's where they fill the
-# tile poorly (PADDED_ROW_FILL). Measured faster than the long-row plan at
-# 2304 to 5632 (LayerNorm's most at 4352), and than the plain tile at
-# LayerNorm's 3328 to 7680 but 3840; RMSNorm's full tiles measured even or
-# slower so, and rows in whole 16-byte repeats (3072, 6144) slower in a tile
-# than in chunks. fp32 rows, unmeasured so, keep their plans (NOTES.md,
-# section 6).
+# RMSNorm's and LayerNorm's forwards keep 16-bit rows of PADDED_ROW_MIN to
+# ROW_BLOCK_MAX in one tile, N a compile-time constant, where 16-byte vectors
+# would leave a thread's last repeat of lanes partial (`_narrow_forward`): in
+# the widest of these vectors (elements) that cuts the row into whole repeats
+# (4: 2560, 5120, 7168), else the narrowest (4608), so that the lanes past N
+# fold away at compile time. LayerNorm's rows wherever so, RMSNorm's padded
+# ones only.
 FWD_VEC_ELEMENTS = (4, 2)
-# Register caps on LayerNorm's tile forward of 16-bit rows where one more
-# program per SM measured faster (`_forward_register_cap`):
-# * tiles FWD_SHORT_BLOCK_N wide (rows of 385 to 512; padded shorter ones run
-#   on one warp) on MIN_WARPS warps, under FWD_SHORT_MAX_REGISTERS: ptxas of
-#   Triton 3.6 gives them 64 registers, eight 4-warp programs per SM, and 56
-#   under the cap without a spill, nine (Triton 3.8's gives 66 uncapped,
-#   seven programs, and spills 16 bytes under the cap). Measured faster
-#   there; at rows of 1024 to 4096 slower, at 256 (tiles 256 wide, the same
-#   64 registers) slower too, at 128 faster.
-# * rows in a tile of ROW_BLOCK_MAX (8 warps) in vectors of
-#   FWD_VEC_ELEMENTS[0] elements, up to FWD_NARROW_ROW_MAX (so 5120), under
-#   FWD_NARROW_MAX_REGISTERS: ptxas of Triton 3.6 and 3.8 gives them 48
-#   registers, five programs per SM, and 40 under the cap without a spill,
-#   six. Measured faster there. Rows in 2-element vectors take 40 uncapped
-#   (4352 to 5632) or spill under the cap with Triton 3.8 (5888 to 6656),
-#   and under it measured even (4608, 5632, 6656) or slower (4352: the cap
-#   changes ptxas's schedule); 7168 (4-element vectors) spills under it;
-#   the 4-warp tiles of 4096 (3328, 48 registers) measured slower.
-# RMSNorm's and FusedAdd's forwards measured even or slower under such caps
-# (NOTES.md, section 6).
+# Register caps on LayerNorm's 16-bit tile forward where one more program per
+# SM fits without a spill and measured faster (`_forward_register_cap`): tiles
+# FWD_SHORT_BLOCK_N wide on MIN_WARPS warps (rows of 385 to 512), 56 registers
+# for 64 (nine programs per SM, not eight), and tiles of ROW_BLOCK_MAX in
+# 4-element vectors up to FWD_NARROW_ROW_MAX (so 5120), 40 for 48 (six, not
+# five). ptxas of Triton 3.6; Triton 3.8's spills 16 bytes under the first.
 FWD_SHORT_BLOCK_N = 512
 FWD_SHORT_MAX_REGISTERS = 56
 FWD_NARROW_ROW_MAX = 6144
 FWD_NARROW_MAX_REGISTERS = 40
-# Registers per thread the long-row backward may use (ptxas's .maxnreg): 64,
-# so that its programs make 1024 threads per SM (one of 32 warps, two of 16).
-# Left to itself ptxas gave it 41 to 103 registers, one 16-warp program per SM
-# at 20480 and 28672, and 32 registers with 520 bytes of stack for spills at
-# 65536 (RMSNorm): capped, it measured faster at most lengths (NOTES.md,
-# section 6). PolyNorm's long-row backward takes the same cap: faster capped,
-# or even, at every length measured but 24576 in three chunks of 8192, where
-# uncapped ptxas's 32 registers let two 32-warp programs share an SM; such
-# rows take six chunks of 4096 since (LONG_MIN_CHUNKS), two 16-warp programs
-# per SM under the cap, which measured faster still.
-# RMSNorm's and FusedAdd's, with per-lane sums (below), on 16-bit rows of at
-# least LONG_BWD_SPILL_CHUNKS whole chunks of 1024 or more (5120 = 5 x 1024,
-# 10240, 14336 = 7 x 2048) spill 16 to 64 bytes under that cap (ptxas of
-# Triton 3.6 and 3.8), and take LONG_BWD_SPILL_MAX_REGISTERS instead, of
-# which ptxas uses 80 to 106: faster there (no cap at all, 56 to 74
-# registers, measured slower). So do RMSNorm's pre-summed rows
-# (LONG_BWD_PRESUM_AFTER: under 64, ptxas of Triton 3.6 spills 8 to 24 bytes
-# there, 3.8's none), and the fp32 rows of the three row norms, whose chunks
-# hold twice the bytes: measured faster at every length tried from 576 to
-# 36864 but FusedAdd's 5376; FusedAdd's and LayerNorm's pre-summed 16-bit
-# rows slower. The higher cap needs chunks of at most 16 warps: 512 threads
-# of 128 registers fill REGISTERS_PER_SM, so chunks of 8192 (32 warps) keep
-# 64 (NOTES.md, section 6). RMSNorm's frozen backward (no ds) of 16-bit rows
-# up to LONG_BWD_PRESUM_AFTER halves its chunks while that pads less down to
-# LONG_BWD_SPILL_CHUNK_MIN, not once, where that makes whole chunks: 9216 = 9
-# x 1024 and 13312 = 13 x 1024 under that cap, not 5 and 7 x 2048 (the last
-# half empty). Measured faster there; with a partial last chunk (12800 =
-# 12.5 x 1024) slower, and so were FusedAdd's backward and the forwards.
+
+# --- The long-row backward: registers, reductions, pre-sums ------------------
+
+# Registers a thread of the long-row backward may use (ptxas's .maxnreg): 64,
+# so that its programs make 1024 threads per SM (one of 32 warps, two of 16);
+# uncapped, ptxas took 41 to 103, and spilled at 65536. Kernels that spill
+# under it take LONG_BWD_SPILL_MAX_REGISTERS, on chunks of at most 16 warps
+# (REGISTERS_PER_SM): RMSNorm's and FusedAdd's per-lane sums on 16-bit rows of
+# at least LONG_BWD_SPILL_CHUNKS whole chunks of 1024 or more, RMSNorm's
+# pre-summed rows and the row norms' fp32 rows. RMSNorm's frozen backward of
+# 16-bit rows up to LONG_BWD_PRESUM_AFTER halves its chunks down to
+# LONG_BWD_SPILL_CHUNK_MIN where that makes them whole (13312 = 13 x 1024).
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
-# JOINT. The long-row backwards with several row sums end pass 1 by reducing
-# them across the program's warps, each sum an exchange through shared
-# memory between barriers: LayerNorm's and GroupNorm's two (of x * g and of
-# g), PolyNorm's three (four with db). Where a program holds all of its SM's
-# registers (`_holds_sm`: 32 warps under LONG_BWD_MAX_REGISTERS, 16 under
-# LONG_BWD_SPILL_MAX_REGISTERS), nothing else runs on the SM meanwhile, and
-# the sums go as one tuple (JOINT: one `tl.reduce`, one exchange): measured
-# faster or even there, in 16- and 32-bit rows (one GroupNorm shape and one
-# PolyNorm length slightly slower); where two programs share an SM, mixed
-# (NOTES.md, section 6). The tile backward of a trained LayerNorm pairs each
-# row's c1 and c2 the same way where its persistent grid runs one program
-# per SM (16 warps: rows of 4097 to ROW_BLOCK_MAX), measured faster there;
-# the rows past ROW_BLOCK_MAX that one trained parameter keeps in the tile
-# measured slower so (below 12288), and the forwards' sums and GroupNorm's
-# per-channel ones with w or b trained mixed: they keep a reduction each.
-# Pass 1 of the long-row kernels may first add each thread's 8 elements of a
-# chunk (LONG_PRESUM = LONG_ELEMENTS_PER_THREAD, in registers), leaving one
-# float per sum and thread instead of 8. In the backward, under its register
-# cap: LayerNorm, with two per-lane sums (of x * g and g), measured faster that
-# way at every length from 12288 to 65536; RMSNorm, with one, measured slower
-# at 16384 and equal or faster on longer rows (where its per-lane code spills
-# under the cap), so it pre-sums rows longer than LONG_BWD_PRESUM_AFTER only.
-# In the forward, the kernels with several sums (LayerNorm's two and its
-# shifts, PolyNorm's three) pre-sum rows longer than LONG_FWD_PRESUM_AFTER:
-# at 65536, 32 registers instead of 56 (LayerNorm) or 52 (PolyNorm) make two
-# 32-warp programs per SM instead of one. Shorter rows measured slower
-# pre-summed (20480), and so did RMSNorm's and FusedAdd's one sum (NOTES.md,
-# section 6). GroupNorm's long rows always pre-sum, by gcd(HW, LONG_PRESUM):
-# a group then shares one channel's w and b (`_affine_index`). PolyNorm's
-# long-row backward, with three sums (four when b trains), always pre-sums:
-# per lane it measured slower at most lengths (faster only trained at 20480)
-# and spills at 65536.
+# JOINT (a kernel flag). The long-row backwards with several row sums
+# (LayerNorm's and GroupNorm's two, PolyNorm's three or four) reduce them
+# across warps as one tuple, one exchange through shared memory instead of one
+# a sum, where a program holds all of its SM's registers (`_holds_sm`): no
+# other program's work hides its barriers there (where two share an SM it
+# measured mixed). The trained LayerNorm tile backward pairs its c1 and c2 so
+# where its persistent grid runs one program per SM.
+#
+# Pass 1 of a long-row kernel may first add each thread's LONG_PRESUM
+# consecutive elements of a chunk, in registers, keeping one float per sum and
+# thread instead of 8: fewer registers under a cap. The backwards with several
+# sums always do, RMSNorm's past LONG_BWD_PRESUM_AFTER; the forwards with
+# several sums past LONG_FWD_PRESUM_AFTER (at 65536, two 32-warp programs per
+# SM instead of one). GroupNorm's long rows pre-sum by gcd(HW, LONG_PRESUM)
+# elements, forward and backward, so that a group shares one channel's w, b.
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
-# Trainable backward of rows longer than ROW_BLOCK_MAX, up to this length,
-# with one trained parameter (RMSNorm's and FusedAdd's w, LayerNorm's w or b
-# alone), 16-bit x and dy: the tile kernel, one row per tile at 32 elements
-# per thread (16 warps at 16384, one program per SM; ptxas, Triton 3.6: 128
-# registers), still holds the row's accumulator in registers. That spares the
-# long-row path's dw/db kernel, which reads x and dy from DRAM again. Rows up
-# to PIPED_ROW_MAX, and rows of RELOAD_ROW_BLOCK_MAX and of 14336
-# (PIPED_VEC_ELEMENTS), are piped (below); the others spill so, and there the
-# kernel keeps neither x nor dy through the row reductions but loads them a
-# second time (RELOAD), from L1/L2, with no pipeline (its buffers would hold
-# the second loads too). The RELOAD variants with the most live values,
-# FusedAdd's with ds and LayerNorm's with dw (x centred), spill holding w's 32
-# fp32 registers through the loop (88 and 48 bytes), so they load w per tile
-# from L1/L2 instead (W_PER_TILE: 40 and 0 bytes), which measured faster; the
-# others, which do not spill, measured slower so. Two accumulators
-# (LayerNorm's dw and db) spill and measured slower, and so did 16 or 64
-# elements per thread (64: 255 registers and a spill), a software pipeline of
-# depth 2, and fp32 x and dy (twice the registers per element) in some cases
-# (NOTES.md, section 6): both plans are for 16-bit x and dy.
+
+# --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
+
+# With one trained parameter (RMSNorm's and FusedAdd's w, LayerNorm's w or b
+# alone) and 16-bit x and dy, rows up to RELOAD_ROW_BLOCK_MAX stay in the tile
+# kernel, a row per tile at RELOAD_ELEMENTS_PER_THREAD (16 warps at 16384),
+# whose registers hold dw: the long-row plan's dw/db kernel would read x and
+# dy from DRAM again. Rows that are not piped (below) would spill holding x
+# and dy through the row sums, so they load them a second time, from L1/L2,
+# without a pipeline (RELOAD); its variants that still spill holding w
+# (FusedAdd's with ds, LayerNorm's with dw) load w per tile (W_PER_TILE).
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
-# Piped rows (of ROW_BLOCK_MAX + 1 to this length, 3/4 of their tile): the
-# same tile kernel on its software pipeline (PIPELINE_STAGES: the next two
-# rows' x and dy, and w, in flight through shared memory, 192 KB at 16384),
-# with dw or db added *before* the row reductions, so that x and dy die there
-# and only xhat, g and the accumulator stay live, and with N a compile-time
-# constant (N_CONST), so that the tile's empty last quarter folds away: no
-# spill at 12288 (ptxas, Triton 3.6). w is loaded per row where its buffers
-# fit too (not FusedAdd's with ds: x, dy, ds and w would need 256 KB), else
-# held. Faster than RELOAD at every length measured up to 12288 (but one
-# FusedAdd shape, by less than a point), slower past it, where ptxas spills
-# 120 bytes and more, except at RELOAD_ROW_BLOCK_MAX itself: a row that fills
-# its tile has no masked lane to zero (N_CONST in `_row_norm_bwd_kernel`),
-# and without that select no variant spills if w is loaded per row, which
-# FusedAdd's with ds does through a pipeline of depth 2 (one 128 KB buffer).
-# There piped rows measured faster than RELOAD too, and so did rows of 14336
-# in narrow vectors (PIPED_VEC_ELEMENTS) (NOTES.md, section 6).
-# Whole tiles and RELOAD add dw and db after dx, which measured faster for them.
+# Piped rows (ROW_BLOCK_MAX + 1 to PIPED_ROW_MAX, RELOAD_ROW_BLOCK_MAX, and
+# rows in narrow vectors, below) run the same tile kernel through its software
+# pipeline, with dw or db added *before* the row sums, so that x and dy die
+# there, and N a compile-time constant (N_CONST), so that the tile's empty end
+# folds away: no spill. w is loaded per row where its buffers fit too, and
+# always at RELOAD_ROW_BLOCK_MAX, whose full tile has no masked lane to zero
+# (without that select no variant spills); else held. Whole tiles and RELOAD
+# add dw and db after dx, which measured faster for them.
 PIPED_ROW_MAX = 12288
-# Piped rows may load in vectors of PIPED_VEC_ELEMENTS (8 bytes of a 16-bit
-# row, `tl.max_contiguous`) instead of 16 bytes. A thread's lanes of the
-# 16-warp tile then repeat every 2048 elements instead of every 4096, so that
-# where a row ends in the first half of a 4096 (9216, 10240, 14336) the second
-# half is empty in every thread and folds away (N_CONST), where with 16-byte
-# vectors each thread keeps its lanes there, masked: no spill at 14336 (ptxas,
-# Triton 3.6), which took RELOAD before. Measured faster, with w held, at
-# 14336 (every variant) and in RMSNorm's and FusedAdd's piped rows that end so
-# (8704 to 10240); slower at 13312 (whose last 2048 is partly masked: it
-# spills) and in LayerNorm's rows up to PIPED_ROW_MAX (9216, 10240: twice the
-# load instructions beside a dx that issues more than RMSNorm's, a likely
-# reason); of no use where a row ends in the second half or at a 4096 (11264,
-# 12288, 15360), where 16-byte vectors fold as much. Vectors of 4 bytes, which
-# make 13312 and 15360 whole repeats of 1024, measured slower than RELOAD at
-# 15360 and mixed at 13312 (NOTES.md, section 6).
+# Piped rows load vectors of PIPED_VEC_ELEMENTS (8 bytes of a 16-bit row),
+# with w held, where the row ends in the first half of a 4096 (`_narrow_vectors`:
+# RMSNorm's and FusedAdd's 8704 to 10240, and 14336): a thread's lanes then
+# repeat every 2048 elements, and the empty half folds away instead of
+# staying masked.
 PIPED_VEC_ELEMENTS = 4
-# FusedAddRMSNorm's forward holds rows up to this length in one tile (32 warps,
-# 60 registers, no spill; ptxas of Triton 3.6): the long-row kernel's pass 2
-# would read back the s that its pass 1 wrote. One tile measured faster from
-# 12288 to 32768; RMSNorm's and LayerNorm's forwards, whose pass 2
-# re-reads x from L2, measured slower in one tile (NOTES.md, section 6).
+# FusedAdd's forward holds rows up to this length in one tile (32 warps, no
+# spill): the long-row kernel's pass 2 would read back the s its pass 1 wrote.
 RESIDUAL_ROW_BLOCK_MAX = 32768
-# PolyNorm's forward keeps whole rows in a tile only up to 1024 elements;
-# longer rows take the long-row plan above, one row per program with per-lane
-# (or per-group) sums, which measured faster at every length from 2048
-# (NOTES.md, section 6). Its backward
-# keeps whole rows in a tile up to 16384 (no N-wide accumulator: its dw sums
-# are scalars); longer rows take the long-row plan as well, with per-group
-# sums (`_long_poly_norm_bwd_kernel`). At 16384 the two measured even (the
-# long-row kernel faster frozen, slower trained), so the tile keeps it.
+
+# --- PolyNorm ----------------------------------------------------------------
+
+# PolyNorm's forward keeps whole rows in a tile up to POLY_FWD_ROW_BLOCK_MAX
+# (longer ones take the long-row plan); its backward up to POLY_ROW_BLOCK_MAX,
+# since its dw sums are scalars, not an N-wide accumulator (longer ones:
+# `_long_poly_norm_bwd_kernel`).
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
-# 16-bit rows up to POLY_WARP_ROW_MAX on the long-row plan (PolyNorm's
-# forward past POLY_FWD_ROW_BLOCK_MAX, its backward's padded rows) walk chunks
-# of one warp's 32 x LONG_ELEMENTS_PER_THREAD = 256 elements: the row's sums
-# stay in the warp (no barrier), and a partial last chunk is a block of its
-# own (section 8). Measured faster at rows of 1152 to 2304, forward and
-# backward; slower at 2048 and 2560, which 4-warp chunks of 512 fit exactly
-# (the forward; the backward holds 2048 in a tile), and in fp32, whose rows of
-# 1536 to 2304 on one warp keep too few bytes in flight (NOTES.md, section 6).
+# 16-bit rows up to this length on PolyNorm's long-row plan, but powers of two
+# (which 4-warp chunks of 512 fit), walk chunks of one warp (32 x
+# LONG_ELEMENTS_PER_THREAD = 256 elements): a row's sums stay in its warp, no
+# barrier, and a partial last chunk is a block of its own (`_tail_block`).
 POLY_WARP_ROW_MAX = 2304
-# Bytes one warp loads side by side: 32 lanes of one 16-byte vector each. In a
-# [ROWS, BLOCK_N] tile Triton lays a row longer than that across several warps,
-# and every row reduction then crosses warps through shared memory and a
-# barrier. PolyNorm's tile kernels, which reduce each row three or four times,
-# instead load their tiles in lines of SEG = WARP_LOAD_BYTES / element size
-# elements (`_segment_tile`), so that all of a row sits in one warp and its
-# sums are register adds and shuffles. Measured faster where a tile holds at
-# least as many rows as warps (the forward's rows of 512 and 1024, the
-# backward's of 512); the row norms' forward, with one or two sums, measured
-# even, and keeps the plain tile (NOTES.md, section 6).
+# Bytes one warp loads side by side: 32 lanes of a 16-byte vector. Triton lays
+# a tile's row longer than that across warps, and every row sum then crosses
+# them through shared memory. PolyNorm's tile kernels, with three or four sums
+# a row, load lines of this many bytes instead (`_segment_tile`), a row in one
+# warp, where a tile holds at least as many rows as warps.
 WARP_LOAD_BYTES = 32 * 16
-# Registers per thread PolyNorm's backward may use on rows held in a tile: 128,
-# so that THREADS_PER_SM threads fit an SM's 64K registers and the programs the
-# persistent grid plans per SM run side by side. Left to itself, ptxas gives
-# its 4-warp tiles of 4 rows of 512 elements 140 registers (dw, db trained;
-# Triton 3.6): three programs per SM where the grid plans four. (The 8-warp
-# tiles of 4096 elements before LOOP_TILE_ELEMENTS took 154 at rows of 1024:
-# one program per SM, and the grid's second half ran after the first.)
-# Longer rows take the long-row backward's cap (LONG_BWD_MAX_REGISTERS).
+# Registers a thread of PolyNorm's tile backward may use: 128, so that
+# THREADS_PER_SM threads fit an SM and the programs the persistent grid plans
+# run side by side (uncapped, ptxas of Triton 3.6 gave 140: three programs
+# where the grid plans four).
 POLY_BWD_MAX_REGISTERS = 128
-# PolyNorm's backward on tiles of at least this many rows (rows of up to 512
-# elements) keeps its dw and db sums per tile row over a program's tiles, and
-# sums across rows once, after the loop, as the row norms' backward keeps its
-# accumulators as tiles: a tile's rows span warps, so a sum across them per
-# tile costs an exchange through shared memory and barriers. Faster trained at
-# rows of 256 to 1024 in tiles of 4096 elements; with 2 rows per tile (rows of
-# 1024 in the backward's tiles of 2048) PolyNorm's per-tile sums measured
-# faster (NOTES.md, section 6), where the row norms' tiles measured even.
+# PolyNorm's backward on tiles of at least this many rows keeps its dw and db
+# sums per tile row through its loop and sums across rows once, after it, as
+# the row norms keep their accumulators: a sum across a tile's rows crosses
+# warps. Tiles of fewer rows sum per tile, which measured faster there.
 POLY_ROW_ACCUMULATOR_ROWS = 4
-# Warps per program: at least 4 to keep a tile's loads wide (but for padded
-# tiles, PADDED_TILE_WARPS or one, and for chunks shorter than LONG_CHUNK_MIN
-# and PolyNorm's chunks of rows up to POLY_WARP_ROW_MAX: one), at most 32
-# (1024 threads, the hardware limit).
+
+# --- Programs, warps and pipelines -------------------------------------------
+
+# Warps per program: at least 4 to keep a tile's loads wide (padded tiles and
+# short chunks take fewer: PADDED_TILE_WARPS, or one), at most 32 (1024
+# threads, the hardware limit).
 MIN_WARPS, MAX_WARPS = 4, 32
-# Persistent grids: threads per SM to aim for. The programs loop over tiles
-# through a software pipeline, so 512 threads keep memory busy, and at up to
-# 128 registers each they fit an SM's 64K registers.
+# Persistent grids aim at this many threads per SM: their programs loop over
+# tiles through a software pipeline, so 512 keep memory busy, and at up to 128
+# registers each they fit an SM's 64K registers.
 THREADS_PER_SM = 512
 REGISTERS_PER_SM = 64 * 1024   # sm_80 and sm_90: a program launches only if its threads' registers fit
-# Software pipelining of a persistent program's loop over tiles (and of the
-# column-tiled dw/db, GroupNorm and partial-sum loops): Triton copies the loads
-# of the next PIPELINE_STAGES - 1 iterations into shared memory (cp.async)
-# while the current one computes, so a program keeps memory busy through its
-# reductions.
+# Depth of the software pipeline of a persistent program's loop over tiles
+# (and of the dw/db, GroupNorm and partial-sum loops): Triton copies the next
+# PIPELINE_STAGES - 1 iterations' loads into shared memory (cp.async) while the
+# current one computes, so memory stays busy through the reductions.
 PIPELINE_STAGES = 3
-# A padded tile (PADDED_ROW_FILL) fills its pipeline buffers 1/2 to 3/4 with
-# bytes that load: one stage more keeps about as many bytes in flight as a
-# full tile's PIPELINE_STAGES. Measured faster in the row norms' trained
-# backward of padded rows of 576 to 6144 (but FusedAdd's at 6144, slightly
-# slower), and slower on full tiles (NOTES.md, section 6).
+# A padded tile fills its pipeline buffers 1/2 to 3/4 with bytes that load:
+# one stage more keeps as many bytes in flight (the row norms' trained
+# backward of padded rows).
 PADDED_PIPELINE_STAGES = PIPELINE_STAGES + 1
-# The trained backward (with dx) of RMSNorm's and FusedAdd's 16-bit rows of
-# 4097 to 5120 elements: a full tile of 4096 and a tail tile of this many
-# columns, instead of a tile of 8192 whose masked lanes (3/8 to 1/2 of them)
-# issue every instruction of the loop, which is bound by instruction issue
-# there (NOTES.md, section 7). On 16 warps a tail of 1024 gives a thread 2
-# elements, a 4-byte copy, the narrowest that cp.async pipelines; a tail of
-# 512 (2 bytes) measured far slower, and so did LayerNorm's and rows of 6144
-# (a full tile of 2048 after the 4096), and FusedAdd's (with ds) at 5120 by a
-# point: it takes the tail for rows of up to 4096 + PADDED_TAIL_BLOCK_N / 2,
-# frozen too, where the tail's persistent grid measured faster than the
-# long-row kernel (NOTES.md, section 6).
+# The trained backward of RMSNorm's and FusedAdd's 16-bit rows of 4097 to 5120
+# (FusedAdd's with ds to 4608, frozen too): a full tile of 4096 and a tail
+# tile of this many columns, not a tile of 8192 whose masked lanes issue every
+# instruction of a loop bound by instruction issue. On 16 warps that is 2
+# elements a thread: a 4-byte copy, the narrowest that cp.async pipelines.
 PADDED_TAIL_BLOCK_N = 1024
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
-# The column-tiled dw/db kernel of long rows, after the dx kernel: each
-# program sums the rows of one column block. [DW_BLOCK_M, DW_BLOCK_N] tiles
-# to start with (128-byte bf16 row segments, one cache line) on DW_WARPS warps
-# (32 elements and 32 fp32 accumulator registers per trained parameter a
-# thread): small programs, several to an SM (ptxas, Triton 3.6: 92 registers
-# with one accumulator, 158 with two: 5 or 3 programs), so that the column
-# blocks are dealt evenly over the SMs in one wave. Where there are more
-# blocks than DW_WAVE_PROGRAMS_PER_SM programs per SM (the two accumulators'
-# figure, the fewer), the last ones would run on part of the GPU, so the
+
+# --- The long rows' dw/db kernel, and the partial sums -----------------------
+
+# The dw/db kernel of long rows, after the dx kernel: each program sums the
+# rows of one column block, in [DW_BLOCK_M, DW_BLOCK_N] tiles (a 128-byte bf16
+# row segment) on DW_WARPS warps: small programs, several to an SM (ptxas of
+# Triton 3.6: 5 with one accumulator, DW_WAVE_PROGRAMS_PER_SM with two). The
 # tiles are made flatter (half the rows, twice the columns, down to
-# DW_MIN_BLOCK_M rows) until they fit one wave. So they are too while a
-# program would take fewer than DW_FLAT_ROW_STEPS steps (few rows: a loop too
-# short to fill its pipeline, and a closing sum over the tile's rows that
-# weighs more), while the column blocks still give each SM a program. Both
-# from sweeps of tile shapes, warps and row slices (NOTES.md, section 6).
+# DW_MIN_BLOCK_M rows) until the column blocks fit one wave of that many
+# programs per SM, and while a program would take fewer than DW_FLAT_ROW_STEPS
+# steps (a loop too short to fill its pipeline), as long as every SM keeps one.
 DW_BLOCK_M, DW_BLOCK_N = 64, 64
 DW_WARPS = 4
 DW_WAVE_PROGRAMS_PER_SM = 3
 DW_FLAT_ROW_STEPS = 32
 DW_MIN_BLOCK_M = 4
-# While a CUDA graph is captured (DW_BESIDE_GRAPH), the dw/db kernel of long
-# rows runs beside the dx kernel, on a second stream (`_run_beside`), both
-# walking the rows first to last, so that much of what one reads from DRAM
-# the other finds in L2: about DW_BESIDE_PROGRAMS_PER_SM programs per SM (the
-# other SMs run the dx kernel; RMSNorm's, the lightest, leaves more to
-# DW_BESIDE_RMS_PROGRAMS_PER_SM: at 20480 its dw/db 40 programs measured
-# fastest, FusedAdd's and LayerNorm's 80), each owning a slab of columns as
-# wide as a power of two (the smallest one that gives at most that many), in
-# tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps per accumulator
-# (dw, db: 32 fp32 accumulator registers a thread in all, one accumulator on
-# 16 warps or two on 32; LayerNorm's two on 16 spill) under
-# DW_BESIDE_MAX_REGISTERS, which with 32 warps keeps one program on an SM.
-# Replayed, the two kernels start together. An eager call launches the second
-# one launch (tens of µs) after the first: where the GPU is idle, it then
-# reads from DRAM what the first left in L2 before it came, and measured
-# slower than one after the other, so eager calls do not (DW_BESIDE_EAGER,
-# for tests and measurements). Each way is deterministic; the two sum dw and
-# db in different orders (NOTES.md, section 6).
+# While a CUDA graph is captured (DW_BESIDE_GRAPH), that kernel runs beside
+# the dx kernel instead, on a second stream (`_run_beside`), both walking the
+# rows first to last, so that much of what one reads from DRAM the other finds
+# in L2. An eager call starts the second kernel a launch later, when an idle
+# GPU has moved on, which measured slower: eager calls run it after
+# (DW_BESIDE_EAGER, for tests and measurements). Beside, it takes about
+# DW_BESIDE_PROGRAMS_PER_SM programs per SM (RMSNorm's, beside the lightest
+# dx kernel, DW_BESIDE_RMS_PROGRAMS_PER_SM), each a power-of-two slab of
+# columns in tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps per
+# accumulator, under DW_BESIDE_MAX_REGISTERS. Both ways are deterministic;
+# they sum dw and db in different orders.
 DW_BESIDE_GRAPH = True
 DW_BESIDE_EAGER = False
 DW_BESIDE_PROGRAMS_PER_SM = 0.62
@@ -560,65 +391,46 @@ DW_BESIDE_MAX_REGISTERS = 64
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
 INTERPRETER_SMS = 3
-# The final partial-sum reduction: PARTIAL_ROWS partial rows are summed per
-# step, over PARTIAL_COLS columns per program (one 128-byte line of fp32 per
-# row), by PARTIAL_WARPS warps through a PIPELINE_STAGES-deep pipeline. Narrow
-# columns make N / 32 programs, enough to spread a (P, 4096) scratch over the
-# SMs; the best of a sweep of 8 tiles and depths (NOTES.md, section 6). A step
-# keeps PARTIAL_ROWS x PARTIAL_COLS elements but takes the partial's shape: one
-# of fewer rows takes wider steps (fewer programs: the long-row dw/db kernel
-# leaves a few rows), one narrower than PARTIAL_COLS more rows per step
-# (fewer steps: PolyNorm's 4 columns).
+# The final sum of the partial sums (`_sum_partials_kernel`): PARTIAL_ROWS
+# partial rows a step over PARTIAL_COLS columns a program (a 128-byte line of
+# fp32 a row), PARTIAL_WARPS warps, a PIPELINE_STAGES-deep pipeline: N / 32
+# programs spread a (P, 4096) partial over the SMs. A step keeps PARTIAL_ROWS x
+# PARTIAL_COLS elements but follows the partial's shape: fewer rows, wider
+# steps; fewer columns (PolyNorm's 4), more rows a step.
 PARTIAL_ROWS, PARTIAL_COLS = 64, 32
 PARTIAL_WARPS = 4
-# A program walks its columns' rows one step after another, so a tall, narrow
-# partial, which makes few programs, takes long to sum: PolyNorm's (M, 4)
-# scratch of rows on the long-row plan, one program per gradient, took a
-# fifth of some backwards. Partials of more than PARTIAL_FOLD_ROWS rows are
-# first folded: bands of that many rows summed side by side by their own
-# programs, into a partial of one row per band (NOTES.md, section 6).
+# A tall, narrow partial makes few programs, each walking many rows (PolyNorm's
+# (M, 4) partial of long rows): one of more than PARTIAL_FOLD_ROWS rows is first
+# folded, bands of that many rows summed side by side into a row a band.
 PARTIAL_FOLD_ROWS = 1024
-# GroupNorm: elements of a (channels x spatial) tile (4096: 8-warp programs, so
-# that two share an SM; 8192 and 16384 measured slower), and the programs per
-# SM to aim for when a batch has fewer (sample, group) rows than SMs: each row
-# is then split over several programs by channels, and where the channels run
-# short, the statistics (and the backward's sums) take pieces of the splits
-# and the launch that writes y (or dx) runs of their tiles (`_group_tiling`,
-# `_group_runs`).
+
+# --- GroupNorm ---------------------------------------------------------------
+
+# Elements of GroupNorm's (channels x spatial) tile: 8-warp programs, two to
+# an SM. GROUP_PROGRAMS_PER_SM is the aim where a batch has fewer (sample,
+# group) rows than that: each row is split over programs by channels, and by
+# pieces of them where channels run short (`_group_tiling`, `_group_runs`).
 GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
-# GroupNorm backward with dw or db: channels a tile spans at least. The
-# per-channel sums reduce once per tile, so 16 channels of 256 positions make
-# 16 times fewer reductions than one channel of 4096 (swept 1 to 64; without
-# dw/db, tiles of one channel measured best).
+# With dw or db trained, a tile spans at least this many channels: its
+# per-channel sums reduce once per tile, 16 times fewer reductions than tiles
+# of one channel of 4096 (without dw/db, one channel a tile measured best).
 GROUP_SUM_CHANNELS = 16
-# GroupNorm rows longer than ROW_BLOCK_MAX take the long-row kernels (one
-# program per row, per-group sums without a barrier in the loop) for the
-# forward and the backward (one with dx) when there are at least
-# GROUP_LONG_ROWS_PER_SM rows per SM (fewer are split over programs by
-# GroupNorm's own kernels) and a channel's HW positions are a multiple of
-# GROUP_LONG_MIN_RUN (w and b are loaded once per run of that many elements
-# or more; one load per element, at odd HW, measured slower than GroupNorm's
-# kernels). Both from a sweep of 12 shapes (NOTES.md, section 6).
+# GroupNorm rows longer than ROW_BLOCK_MAX take the long-row kernels (forward,
+# and backward with dx) when there are at least GROUP_LONG_ROWS_PER_SM rows per
+# SM and a channel's HW positions are a multiple of GROUP_LONG_MIN_RUN (w and b
+# loaded once per run of positions); fewer rows are split over programs by
+# GroupNorm's own kernels.
 GROUP_LONG_ROWS_PER_SM = 0.5
 GROUP_LONG_MIN_RUN = 4
-# With w or b trained, that long-row backward's pass 1 forms per-channel sums
-# (`_group_channel_sums`) over tiles of a block of channels and 1 /
-# GROUP_SUM_TILES of their HW positions each, reduced once per block. From a
-# sweep of the channels per tile at 10 shapes: the best at 5 of them and close
-# to the best at the others; tiles spanning a whole channel (a reduction per
-# chunk) measured slower (NOTES.md, section 6).
+# With w or b trained, that long-row backward's pass 1 forms the per-channel
+# sums (`_group_channel_sums`) over tiles of a block of channels and
+# 1 / GROUP_SUM_TILES of their positions, reduced once per block.
 GROUP_SUM_TILES = 4
-# That backward (w or b trained) halves chunks of LONG_CHUNK_MAX on 16-bit
-# rows of fewer than GROUP_TRAINED_MIN_CHUNKS of them, LONG_MIN_CHUNKS' rule
-# carried further (32768 = 8 x 4096 and 40960 = 10 x 4096, not 4 and 5 x
-# 8192: two 16-warp programs per SM under LONG_BWD_MAX_REGISTERS, not one of
-# 32), where a channel has at least GROUP_TRAINED_MIN_HW positions. Measured
-# faster with channels of 2048 to 5000 positions at every row count tried,
-# 512 to 4096; with channels of 1024 faster on 256 and 512 rows, slower on
-# 1024 and 2048, which GROUP_TRAINED_MIN_HW leaves out. With w and b frozen,
-# and in LayerNorm's and PolyNorm's backwards, halving rows of 32768 measured
-# faster on 1536 rows and fewer, slower on more (NOTES.md, section 6).
+# ... and halves the chunks of 16-bit rows of fewer than
+# GROUP_TRAINED_MIN_CHUNKS chunks of LONG_CHUNK_MAX whose channels have at
+# least GROUP_TRAINED_MIN_HW positions: LONG_MIN_CHUNKS' rule carried further
+# (40960 = 10 x 4096, two 16-warp programs per SM, not 5 x 8192 on one of 32).
 GROUP_TRAINED_MIN_CHUNKS = 6
 GROUP_TRAINED_MIN_HW = 2048
 
