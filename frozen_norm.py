@@ -1133,6 +1133,13 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # The same kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS),
 # LayerNorm (CENTER, HAS_B) and GroupNorm's long rows (HW: w and b per
 # channel); sections 5, 6 and 7 explain those deltas.
+#
+# On a first reading, follow three kernels: `_row_norm_fwd_kernel` (a tile of
+# whole rows: load, reduce, store), `_row_norm_bwd_kernel` with its COMPUTE_*
+# flags in mind, and `_sum_partials_kernel`. Their other constexprs (N_CONST,
+# VEC, RELOAD, W_PER_TILE, JOINT, TAIL) and the long-row kernels are tuning
+# for particular row lengths: for rows of powers of two up to 4096 every one
+# of those flags is off, and the code it guards is not compiled.
 
 
 def rms_norm_reference(x, normalized_shape, weight=None, eps=None, offset=0.0):
