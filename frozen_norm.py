@@ -373,9 +373,10 @@ DW_MIN_BLOCK_M = 4
 # While a CUDA graph is captured (DW_BESIDE_GRAPH), that kernel runs beside
 # the dx kernel instead, on a second stream (`_run_beside`), both walking the
 # rows first to last, so that much of what one reads from DRAM the other finds
-# in L2. An eager call starts the second kernel a launch later, when an idle
-# GPU has moved on, which measured slower: eager calls run it after
-# (DW_BESIDE_EAGER, for tests and measurements). Beside, it takes about
+# in L2. An eager call would launch the second kernel tens of µs after the
+# first: on an idle GPU the first is far ahead by then, and the second reads
+# from DRAM what it left in L2. That measured slower, so eager calls run it
+# after (DW_BESIDE_EAGER, for tests and measurements). Beside, it takes about
 # DW_BESIDE_PROGRAMS_PER_SM programs per SM (RMSNorm's, beside the lightest
 # dx kernel, DW_BESIDE_RMS_PROGRAMS_PER_SM), each a power-of-two slab of
 # columns in tiles of DW_BESIDE_TILE elements, on DW_BESIDE_WARPS warps per
@@ -408,8 +409,8 @@ PARTIAL_FOLD_ROWS = 1024
 
 # Elements of GroupNorm's (channels x spatial) tile: 8-warp programs, two to
 # an SM. GROUP_PROGRAMS_PER_SM is the aim where a batch has fewer (sample,
-# group) rows than that: each row is split over programs by channels, and by
-# pieces of them where channels run short (`_group_tiling`, `_group_runs`).
+# group) rows than SMs: each row is then split over programs by channels, and
+# by pieces of them where channels run short (`_group_tiling`, `_group_runs`).
 GROUP_TILE_ELEMENTS = 4096
 GROUP_PROGRAMS_PER_SM = 2
 # With dw or db trained, a tile spans at least this many channels: its
@@ -427,10 +428,11 @@ GROUP_LONG_MIN_RUN = 4
 # sums (`_group_channel_sums`) over tiles of a block of channels and
 # 1 / GROUP_SUM_TILES of their positions, reduced once per block.
 GROUP_SUM_TILES = 4
-# ... and halves the chunks of 16-bit rows of fewer than
-# GROUP_TRAINED_MIN_CHUNKS chunks of LONG_CHUNK_MAX whose channels have at
-# least GROUP_TRAINED_MIN_HW positions: LONG_MIN_CHUNKS' rule carried further
-# (40960 = 10 x 4096, two 16-warp programs per SM, not 5 x 8192 on one of 32).
+# With w or b trained, that backward also halves the chunks of 16-bit rows of
+# fewer than GROUP_TRAINED_MIN_CHUNKS chunks of LONG_CHUNK_MAX whose channels
+# have at least GROUP_TRAINED_MIN_HW positions: LONG_MIN_CHUNKS' rule carried
+# further (40960 = 10 x 4096: two 16-warp programs per SM, not 5 x 8192 on
+# one of 32).
 GROUP_TRAINED_MIN_CHUNKS = 6
 GROUP_TRAINED_MIN_HW = 2048
 
