@@ -655,8 +655,7 @@ def test_one_acc_backward(name, params, N, plan, monkeypatch):
         want["db"] = params["bias"] == TRAIN
     assert _one_acc_plan(name, N, want, torch.float16)[0] == plan
     d = check_op(OPS[name], (37, N), torch.float16, params, _with_grads(name))
-    first, second = _outputs_and_grads(OPS[name], d), _outputs_and_grads(OPS[name], d)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    _assert_same_bits_twice(OPS[name], d)
 
 
 @pytest.mark.parametrize("name, want, N, plan, per_tile", [
@@ -1786,8 +1785,7 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
     op = OPS[name]
     torch.manual_seed(1)
     d = prepare(op, (11, 100), torch.bfloat16, params, inputs)
-    first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    _assert_same_bits_twice(op, d)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
@@ -1848,6 +1846,12 @@ def _outputs_and_grads(op, d):
     return list(outs) + list(torch.autograd.grad(outs, wanted, dys))
 
 
+def _assert_same_bits_twice(op, d):
+    """Two runs of `_outputs_and_grads` give bitwise the same tensors."""
+    first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 @pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "poly-long-rows"])
 def test_deterministic(name, monkeypatch):
     """The same inputs give bitwise-identical outputs and gradients, run after
@@ -1866,8 +1870,7 @@ def test_deterministic(name, monkeypatch):
     op = OPS[name]
     torch.manual_seed(1)
     d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
-    first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    _assert_same_bits_twice(op, d)
 
 
 # ----------------------------------------------------------------------------
