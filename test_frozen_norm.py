@@ -358,6 +358,13 @@ def _long_rows_from(n, monkeypatch, presum=False):
         monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", n)
 
 
+def _rows_for(row_block_max, N):
+    """Rows for a test of rows of N: 37, but 13 where they are longer than
+    row_block_max (`_long_rows_from`): the long-row kernels run a program per
+    row, which the interpreter pays for."""
+    return 37 if N <= row_block_max else 13
+
+
 @pytest.mark.parametrize("name, presum", [("rms", False), ("fadd", False), ("ln", False), ("ln", True),
                                           ("poly", False), ("poly", True)])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
@@ -1282,7 +1289,7 @@ def test_rms_offset(dtype, row_block_max, monkeypatch):
     (13 rows there: the long-row kernels run a program per row, which the
     interpreter pays for)."""
     _long_rows_from(row_block_max, monkeypatch)
-    shape = (37, 100) if row_block_max > 100 else (13, 100)
+    shape = (_rows_for(row_block_max, 100), 100)
     check_op(OPS["rms"], shape, dtype, {"weight": TRAIN}, {"x": True}, offset=1.0)
     check_op(OPS["fadd"], shape, dtype, {"weight": TRAIN}, {"x": True, "residual": True}, offset=1.0)
 
@@ -1984,9 +1991,8 @@ def test_non_contiguous(name, layout, row_block_max, monkeypatch):
     as from .sum()); 13 rows on the long-row kernels (a program per row)."""
     _long_rows_from(row_block_max, monkeypatch)
     op = OPS[name]
-    rows = 37 if row_block_max > 100 else 13
-    d = prepare(op, (2, 6, 5, 7) if name == "gn" else (rows, 100), torch.float32, ALL_TRAIN[name],
-                {k: False for k in input_names(op)}, 3 if name == "gn" else None)
+    d = prepare(op, (2, 6, 5, 7) if name == "gn" else (_rows_for(row_block_max, 100), 100), torch.float32,
+                ALL_TRAIN[name], {k: False for k in input_names(op)}, 3 if name == "gn" else None)
     for k in input_names(op):
         base = d[k].detach()
         if layout == "expanded_dy":
