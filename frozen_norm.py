@@ -252,7 +252,10 @@ LONG_BWD_SPILL_CHUNK_MIN = 1024
 # a sum, where a program holds all of its SM's registers (`_holds_sm`): no
 # other program's work hides its barriers there (where two share an SM it
 # measured mixed). The trained LayerNorm tile backward pairs its c1 and c2 so
-# where its persistent grid runs one program per SM.
+# where its persistent grid runs one program per SM, and the frozen one on
+# tiles of ROW_BLOCK_MAX (16 warps, two programs per SM): there Triton 3.8's
+# code with a sum each issues one of its six vector loads behind the
+# arithmetic, so each thread waits on memory twice (NOTES.md, section 5.7).
 #
 # Pass 1 of a long-row kernel may first add each thread's LONG_PRESUM
 # consecutive elements of a chunk, in registers, keeping one float per sum and
@@ -2052,13 +2055,16 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
+        # JOINT (see LONG_BWD_MAX_REGISTERS): trained, one program per SM; frozen, tiles of ROW_BLOCK_MAX.
+        joint = mean is not None and (t.block_n == ROW_BLOCK_MAX if not trains
+                                      else _programs_per_sm(t.num_warps) == 1 and not one_acc)
         _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n // 2 if tail else t.block_n, STAGES=stages, RELOAD=reload,
             W_PER_TILE=w_per_tile, N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0,
-            JOINT=mean is not None and trains and _programs_per_sm(t.num_warps) == 1 and not one_acc, TAIL=tail,
+            JOINT=joint, TAIL=tail,
             num_warps=t.num_warps)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`

@@ -1189,24 +1189,27 @@ def test_long_row_backward_joint(name, size, call, dtype, joint):
     ("ln", (4096, 9216), "frozen w", False),      # db alone past ROW_BLOCK_MAX, piped
     ("ln", (4096, 13312), "frozen w", False),     # and with RELOAD
     ("ln", (16384, 4096), "trainable", False),    # 8 warps: two per SM
-    ("ln", (8192, 8192), "all frozen", False),    # frozen: a program per tile, several per SM
+    ("ln", (8192, 8192), "all frozen", True),     # frozen, tiles of ROW_BLOCK_MAX (Triton 3.8's late load)
+    ("ln", (8192, 7168), "all frozen", True),
+    ("ln", (16384, 4096), "all frozen", False),   # frozen, narrower tiles
     ("rms", (8192, 8192), "trainable", False),    # one sum
     ("fadd", (8192, 8192), "trainable", False)])
 def test_tile_backward_joint(name, size, call, joint):
     """The tile backward reduces a row's c1 and c2 sums as one pair (JOINT)
     where its persistent grid puts one program on each SM (a trained
-    LayerNorm on 16 warps, rows up to ROW_BLOCK_MAX); not on the rows past
-    it that one trained parameter keeps in the tile, not where programs
-    share an SM, nor with one sum. On meta tensors; then the first two
-    against float64, on 3 rows (the same plan: it depends on the row, not
-    on the number of rows)."""
+    LayerNorm on 16 warps, rows up to ROW_BLOCK_MAX), and a frozen
+    LayerNorm's on tiles of ROW_BLOCK_MAX; not on the rows past it that one
+    trained parameter keeps in the tile, not where trained programs share an
+    SM, not on narrower frozen tiles, nor with one sum. On meta tensors;
+    then the JOINT cases against float64, on 3 rows (the same plan: it
+    depends on the row, not on the number of rows)."""
     from bench_frozen_norm import VARIANTS, record_backward
     launch = record_backward(name, size, VARIANTS[name][call]).launches[0]
     assert launch.name == "_row_norm_bwd_kernel"
     assert launch.constexprs["JOINT"] == joint
-    if call in ("trainable", "frozen b") and joint:
+    if joint:
         assert record_backward(name, (3, size[1]), VARIANTS[name][call]).launches[0].constexprs["JOINT"]
-        params = {"weight": TRAIN, "bias": TRAIN if call == "trainable" else FROZEN}
+        params = {"weight": FROZEN if call == "all frozen" else TRAIN, "bias": TRAIN if call == "trainable" else FROZEN}
         check_op(OPS[name], (3, size[1]), torch.bfloat16, params, _with_grads(name))
 
 
