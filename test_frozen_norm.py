@@ -1204,12 +1204,13 @@ def test_tile_backward_joint(name, size, call, joint):
     then the JOINT cases against float64, on 3 rows (the same plan: it
     depends on the row, not on the number of rows)."""
     from bench_frozen_norm import VARIANTS, record_backward
-    launch = record_backward(name, size, VARIANTS[name][call]).launches[0]
+    want = VARIANTS[name][call]
+    launch = record_backward(name, size, want).launches[0]
     assert launch.name == "_row_norm_bwd_kernel"
     assert launch.constexprs["JOINT"] == joint
     if joint:
-        assert record_backward(name, (3, size[1]), VARIANTS[name][call]).launches[0].constexprs["JOINT"]
-        params = {"weight": FROZEN if call == "all frozen" else TRAIN, "bias": TRAIN if call == "trainable" else FROZEN}
+        assert record_backward(name, (3, size[1]), want).launches[0].constexprs["JOINT"]
+        params = {"weight": TRAIN if want["dw"] else FROZEN, "bias": TRAIN if want["db"] else FROZEN}
         check_op(OPS[name], (3, size[1]), torch.bfloat16, params, _with_grads(name))
 
 
@@ -1289,8 +1290,7 @@ def test_mixed_dtypes(name, x_dtype, p_dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_rms_offset(dtype, row_block_max, monkeypatch):
     """Gemma's (1 + w) scaling, plain and fused, in a tile and over chunks
-    (13 rows there: the long-row kernels run a program per row, which the
-    interpreter pays for)."""
+    (fewer rows there: `_rows_for`)."""
     _long_rows_from(row_block_max, monkeypatch)
     shape = (_rows_for(row_block_max, 100), 100)
     check_op(OPS["rms"], shape, dtype, {"weight": TRAIN}, {"x": True}, offset=1.0)
@@ -1991,7 +1991,7 @@ def _layouts():
 @pytest.mark.parametrize("name, layout, row_block_max", list(_layouts()))
 def test_non_contiguous(name, layout, row_block_max, monkeypatch):
     """Non-contiguous inputs (transposed, sliced rows) and gradients (expanded,
-    as from .sum()); 13 rows on the long-row kernels (a program per row)."""
+    as from .sum()); fewer rows on the long-row kernels (`_rows_for`)."""
     _long_rows_from(row_block_max, monkeypatch)
     op = OPS[name]
     d = prepare(op, (2, 6, 5, 7) if name == "gn" else (_rows_for(row_block_max, 100), 100), torch.float32,
