@@ -3060,7 +3060,15 @@ def _poly_norm_fwd_kernel(
     x = _by_row(tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32), ROWS, BLOCK_N, SEG)
     x2 = x * x
     x4 = x2 * x2
-    r1, r2, r3 = _poly_rstd(_row_sums(x2), _row_sums(x4), _row_sums(x4 * x2), N, eps)
+    # The power sums: x^2's alone, x^4's and x^6's as one `tl.reduce` over a
+    # pair (per axis, as `_row_sums`), so that each element's x^4 is added in
+    # as it is made rather than a whole tile of it held until the third sum:
+    # fewer registers, more programs per SM. Chosen by measurement on Triton
+    # 3.6 and 3.8 (NOTES.md, section 6): three `tl.sum` took the most
+    # registers, and one triple made Triton 3.8 issue half of x's loads late.
+    s1 = _row_sums(x2)
+    s2, s3 = tl.reduce(tl.reduce((x4, x4 * x2), 0, _add2), 1, _add2)
+    r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
     rows = tile * ROWS + tl.arange(0, ROWS)
     _store_poly_stats(Rstd, rows, rows < M, r1, r2, r3)   # before y, as in `_row_norm_fwd_kernel`
     y = _poly_apply(x, _per_row(r1), _per_row(r2), _per_row(r3), w0, w1, w2, bias)
