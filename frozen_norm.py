@@ -3064,8 +3064,8 @@ def _poly_norm_fwd_kernel(
     # pair (per axis, as `_row_sums`), so that each element's x^4 is added in
     # as it is made rather than a whole tile of it held until the third sum:
     # fewer registers, more programs per SM. Chosen by measurement on Triton
-    # 3.6 and 3.8 (NOTES.md, section 6): three `tl.sum` took the most
-    # registers, and one triple made Triton 3.8 issue half of x's loads late.
+    # 3.6 and 3.8 (NOTES.md, section 6): under 3.8 three `tl.sum` took more
+    # registers, and one triple made it issue half of x's loads late.
     s1 = _row_sums(x2)
     s2, s3 = tl.reduce(tl.reduce((x4, x4 * x2), 0, _add2), 1, _add2)
     r1, r2, r3 = _poly_rstd(s1, s2, s3, N, eps)
