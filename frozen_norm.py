@@ -2056,8 +2056,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
         # JOINT (see LONG_BWD_MAX_REGISTERS): trained, one program per SM; frozen, tiles of ROW_BLOCK_MAX.
-        joint = mean is not None and (t.block_n == ROW_BLOCK_MAX if not trains
-                                      else _programs_per_sm(t.num_warps) == 1 and not one_acc)
+        joint = mean is not None and (_programs_per_sm(t.num_warps) == 1 and not one_acc if trains
+                                      else t.block_n == ROW_BLOCK_MAX)
         _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
