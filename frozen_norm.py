@@ -184,6 +184,15 @@ WHOLE_MAX_CHUNKS = 9
 # and the backwards with several: twice the bytes in flight, where one or two
 # programs per row hold an SM.
 LONG_WIDE_CHUNK_MAX = 16384
+# The passes of a long-row kernel over at most UNROLL_MAX_CHUNKS chunks of at
+# most UNROLL_MAX_BLOCK_N elements (8 warps) are unrolled whole (UNROLL,
+# `_unroll_factor`), so that each issues all its chunks' loads before their
+# arithmetic: the padded rows' plans (5376 = 3 x 2048, 13312 = 7 x 2048).
+# Triton 3.6's LLVM unrolled loops of about three chunks unasked, Triton
+# 3.8's none. Wider chunks, on 16 and 32 warps, measured mixed unrolled
+# (NOTES.md, section 6).
+UNROLL_MAX_CHUNKS = 8
+UNROLL_MAX_BLOCK_N = 2048
 
 # --- Padded rows: rows that fill their power-of-two tile poorly --------------
 
@@ -580,6 +589,11 @@ def _long_forward_presum(N: int, sums: int) -> int:
     return LONG_PRESUM if sums > 1 and N > LONG_FWD_PRESUM_AFTER else 1
 
 
+def _unrolled(N: int, block_n: int) -> bool:
+    """UNROLL of a long-row kernel: its passes unrolled whole (UNROLL_MAX_CHUNKS)."""
+    return block_n <= UNROLL_MAX_BLOCK_N and _cdiv(N, block_n) <= UNROLL_MAX_CHUNKS
+
+
 class _RowTiling(NamedTuple):
     """How the row kernels cut an (M, N) tensor: into [ROWS, BLOCK_N] tiles of
     whole rows (N <= ROW_BLOCK_MAX), or into one row per program, walked in
@@ -929,6 +943,14 @@ def _lane_groups(BLOCK_N: tl.constexpr, PRESUM: tl.constexpr):
     is at most its share of the chunk, so a `tl.sum(axis=1)` adds them in
     registers (the long-row kernels' PRESUM; PRESUM = 1 keeps one per lane)."""
     return tl.arange(0, BLOCK_N // PRESUM)[:, None] * PRESUM + tl.arange(0, PRESUM)[None, :]
+
+
+@triton.constexpr_function
+def _unroll_factor(stop, step, unroll):
+    """`loop_unroll_factor` of a long-row pass `for start in range(0, stop,
+    step)`: with UNROLL every step (the loop unrolled whole, `tl.range` then
+    emits straight-line code), else 1 (none asked: the compiler's choice)."""
+    return max(1, -(-stop // step)) if unroll else 1
 
 
 @triton.jit
@@ -1300,6 +1322,7 @@ def _long_row_norm_fwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr, PRESUM: tl.constexpr, HW: tl.constexpr, APPLY: tl.constexpr, SPLITS: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
@@ -1315,7 +1338,8 @@ def _long_row_norm_fwd_kernel(
     through the tile forward's `_row_affine`. N is a compile-time constant, as
     in torch.compile's generated code: the trip counts are known and the
     compiler can unroll and drop masks (one compiled variant per row length,
-    and models have few).
+    and models have few). UNROLL unrolls both passes whole
+    (`_unroll_factor`, UNROLL_MAX_CHUNKS); False leaves it to the compiler.
 
     Grid: (M,), one row per program. Pointers, dtypes and CENTER / HAS_RESIDUAL
     / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
@@ -1370,7 +1394,7 @@ def _long_row_norm_fwd_kernel(
     else:
         m2_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     first: tl.constexpr = BLOCK_N if CENTER else 0
-    for start in range(first, N, BLOCK_N):
+    for start in tl.range(first, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N - first, BLOCK_N, UNROLL)):
         cols = start + groups
         mask = cols < N
         x = _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL)
@@ -1403,7 +1427,7 @@ def _long_row_norm_fwd_kernel(
         if HW > 0:
             lanes = groups   # GroupNorm: w and b per group (`_affine_index`)
         last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-        for k in range(0, N, BLOCK_N):
+        for k in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL)):
             cols = (last - k) + lanes
             mask = cols < N
             src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
@@ -1722,7 +1746,7 @@ def _long_row_norm_bwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_C: tl.constexpr, JOINT: tl.constexpr,
+    BLOCK_C: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -1766,7 +1790,8 @@ def _long_row_norm_bwd_kernel(
     JOINT (with CENTER, per-lane sums): pass 1's two sums reduced as one
     pair (`_add2`), one exchange between warps; False keeps two `tl.sum`,
     each with its own (see the JOINT rule beside LONG_BWD_MAX_REGISTERS).
-    HW, G, stride_stats: GroupNorm's rows, as in `_long_row_norm_fwd_kernel`.
+    HW, G, stride_stats, UNROLL: as in `_long_row_norm_fwd_kernel` (UNROLL
+    applies to the per-lane pass 1 and to pass 2).
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_N / BLOCK_C] tiles,
@@ -1805,7 +1830,7 @@ def _long_row_norm_bwd_kernel(
         sum_x_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
         if CENTER:
             sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL)):
             x, g = _load_x_g(X, DY, W, start + sum_lanes, N, OFFSET, HAS_W, "evict_last", HW)
             sum_x_g += tl.sum(x * g, axis=1)
             if CENTER:
@@ -1827,7 +1852,7 @@ def _long_row_norm_bwd_kernel(
     if HW > 0:
         lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
     last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-    for k in range(0, N, BLOCK_N):
+    for k in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL)):
         cols = (last - k) + lanes
         mask = cols < N
         x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW)
@@ -1936,7 +1961,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     else:
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
-                                        SPLITS=1, **meta)
+                                        SPLITS=1, UNROLL=_unrolled(N, t.block_n), **meta)
     return y, s, mean, rstd
 
 
@@ -2084,7 +2109,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
-                JOINT=mean is not None and _holds_sm(t.num_warps, cap), num_warps=t.num_warps, maxnreg=cap)
+                JOINT=mean is not None and _holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
+                num_warps=t.num_warps, maxnreg=cap)
         if beside:
             share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
             _run_beside(x.device, launch_dx, functools.partial(
@@ -2777,8 +2803,9 @@ def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict
     """The compile-time arguments both long-row kernels take for GroupNorm's
     rows of N = Cg * HW (plan `t`). PRESUM divides HW, so that a group's
     elements share a channel (`_affine_index`)."""
-    return dict(N=C // G * HW, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
-                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, num_warps=t.num_warps)
+    N = C // G * HW
+    return dict(N=N, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
+                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps)
 
 
 def _group_forward_tiling(x, num_groups) -> _GroupTiling:
@@ -2842,7 +2869,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             x3, None, None, y, None, None, stats[:, 2], stats[:, 3], piece, 0, 0, 0, stats.stride(0), 1,
             float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
-            SPLITS=t.splits * t.pieces, num_warps=plan.num_warps)
+            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), num_warps=plan.num_warps)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
     launch(_group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device),
@@ -3080,11 +3107,11 @@ def _poly_norm_fwd_kernel(
 def _long_poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # as _poly_norm_fwd_kernel
     stride_x, stride_y, eps,
-    N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr,
+    N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """PolyNorm forward of rows longer than POLY_FWD_ROW_BLOCK_MAX: the delta on
     `_long_row_norm_fwd_kernel` is three per-group sums (of x^2, x^4, x^6)
-    instead of one, and the polynomial in pass 2 (PRESUM as there).
+    instead of one, and the polynomial in pass 2 (PRESUM and UNROLL as there).
 
     Grid: (M,), one row per program; pass 1 over BLOCK_N-element chunks
     (evict_last), the three sums reduced across groups once after the loop;
@@ -3114,7 +3141,7 @@ def _long_poly_norm_fwd_kernel(
     # it the row of 16384 took 40 (NOTES.md, section 6).
     FULL: tl.constexpr = N // BLOCK_N * BLOCK_N
     END: tl.constexpr = FULL if TAIL < BLOCK_N else N
-    for start in range(0, FULL, BLOCK_N):
+    for start in tl.range(0, FULL, BLOCK_N, loop_unroll_factor=_unroll_factor(FULL, BLOCK_N, UNROLL)):
         s1_v, s2_v, s3_v = _add_even_powers(X, start + groups, N, s1_v, s2_v, s3_v)
     if FULL < END:
         s1_v, s2_v, s3_v = _add_even_powers(X, FULL + groups, N, s1_v, s2_v, s3_v)
@@ -3127,7 +3154,7 @@ def _long_poly_norm_fwd_kernel(
     if END < N:   # pass 2, last chunk first: still in L2
         _poly_apply_chunk(X, Y, FULL + tl.arange(0, TAIL), N, r1, r2, r3, w0, w1, w2, bias)
     last: tl.constexpr = (END - 1) // BLOCK_N * BLOCK_N
-    for k in range(0, END, BLOCK_N):
+    for k in tl.range(0, END, BLOCK_N, loop_unroll_factor=_unroll_factor(END, BLOCK_N, UNROLL)):
         _poly_apply_chunk(X, Y, (last - k) + lanes, N, r1, r2, r3, w0, w1, w2, bias)
 
 
@@ -3222,6 +3249,7 @@ def _long_poly_norm_bwd_kernel(
     stride_dy, stride_x, stride_dx,
     N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, JOINT: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """PolyNorm backward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
     `_long_poly_norm_fwd_kernel` that `_long_row_norm_bwd_kernel` is on the
@@ -3234,8 +3262,8 @@ def _long_poly_norm_bwd_kernel(
     m's (dw_0, dw_1, dw_2, db) summands, N * (a_3, a_2, a_1) and sum(dy),
     which `_reduce_partials` then sums over the rows. Other pointers and the
     dtypes as `_poly_norm_bwd_kernel`. N is a compile-time constant and
-    PRESUM a group's size, as in `_long_row_norm_bwd_kernel`; TAIL as in
-    `_long_poly_norm_fwd_kernel`.
+    PRESUM a group's size, as in `_long_row_norm_bwd_kernel`; TAIL and UNROLL
+    as in `_long_poly_norm_fwd_kernel`.
 
     Flags (each False removes code):
       COMPUTE_DX  pass 2: the second read of x and dy, dx and its stores.
@@ -3260,7 +3288,7 @@ def _long_poly_norm_bwd_kernel(
     # partial one as one group of TAIL lanes, summed apart.
     FULL: tl.constexpr = N // BLOCK_N * BLOCK_N
     END: tl.constexpr = FULL if TAIL < BLOCK_N else N
-    for start in range(0, END, BLOCK_N):
+    for start in tl.range(0, END, BLOCK_N, loop_unroll_factor=_unroll_factor(END, BLOCK_N, UNROLL)):
         s1_v, s2_v, s3_v, sdy_v = _add_dy_powers(X, DY, start + groups, N, s1_v, s2_v, s3_v, sdy_v, COMPUTE_DB)
     if JOINT and COMPUTE_DB:
         s1, s2, s3, sdy = tl.reduce((s1_v, s2_v, s3_v, sdy_v), 0, _add4)
@@ -3284,7 +3312,7 @@ def _long_poly_norm_bwd_kernel(
         if END < N:   # last chunk first, as in the forward
             _poly_dx_chunk(X, DY, DX, FULL + tl.arange(0, TAIL), N, r1, r2, r3, s1, s2, s3, w0, w1, w2)
         last: tl.constexpr = (END - 1) // BLOCK_N * BLOCK_N
-        for k in range(0, END, BLOCK_N):
+        for k in tl.range(0, END, BLOCK_N, loop_unroll_factor=_unroll_factor(END, BLOCK_N, UNROLL)):
             _poly_dx_chunk(X, DY, DX, (last - k) + lanes, N, r1, r2, r3, s1, s2, s3, w0, w1, w2)
 
 
@@ -3418,7 +3446,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
                                          TAIL=_tail_block(N, t),
-                                         PRESUM=_long_forward_presum(N, 3),
+                                         PRESUM=_long_forward_presum(N, 3), UNROLL=_unrolled(N, t.block_n),
                                          num_warps=t.num_warps)
     return y, rstd
 
@@ -3470,7 +3498,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
             N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            JOINT=_holds_sm(t.num_warps, LONG_BWD_MAX_REGISTERS), num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
+            JOINT=_holds_sm(t.num_warps, LONG_BWD_MAX_REGISTERS), UNROLL=_unrolled(N, t.block_n),
+            num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
 

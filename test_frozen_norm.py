@@ -1183,6 +1183,35 @@ def test_long_row_backward_joint(name, size, call, dtype, joint):
         check_op(OPS[name], (3, size[1]), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
+@pytest.mark.parametrize("name, N, call, dtype, unroll", [
+    ("rms", 576, "frozen w", torch.bfloat16, True),       # 3 chunks of 256 on one warp
+    ("rms", 5376, "frozen w", torch.float32, True),       # 3 of 2048
+    ("fadd", 2304, "frozen w", torch.bfloat16, True),     # 3 of 1024
+    ("ln", 13312, "fwd", torch.bfloat16, True),           # 7 of 2048, the forward
+    ("ln", 13312, "all frozen", torch.float32, True),
+    ("ln", 13312, "trainable", torch.bfloat16, True),     # the dx launch of a trained backward
+    ("poly", 1152, "fwd", torch.bfloat16, True),          # 4 whole chunks of 256 and a tail (TAIL)
+    ("poly", 5376, "trainable", torch.float32, True),
+    ("ln", 4608, "all frozen", torch.bfloat16, False),    # 9 chunks of 512: over UNROLL_MAX_CHUNKS
+    ("rms", 16384, "frozen w", torch.bfloat16, False)])   # chunks of 4096: over UNROLL_MAX_BLOCK_N
+def test_long_row_unroll(name, N, call, dtype, unroll):
+    """The long-row kernels unroll both passes whole (UNROLL, a
+    `loop_unroll_factor` of every chunk) on at most UNROLL_MAX_CHUNKS chunks of
+    at most UNROLL_MAX_BLOCK_N elements, and leave longer loops and wider
+    chunks to the compiler. On meta tensors; the unrolled ones then run against
+    float64 (on a GPU, the unrolled code)."""
+    from bench_frozen_norm import VARIANTS, record_backward, record_forward
+    rec = (record_forward(name, (3, N), dtype) if call == "fwd"
+           else record_backward(name, (3, N), VARIANTS[name][call], dtype))
+    launch = rec.launches[0]
+    assert launch.name.startswith("_long_") and launch.constexprs["UNROLL"] == unroll, launch.name
+    chunks = -(-N // launch.constexprs["BLOCK_N"])
+    assert unroll == (chunks <= fn.UNROLL_MAX_CHUNKS and launch.constexprs["BLOCK_N"] <= fn.UNROLL_MAX_BLOCK_N)
+    if unroll:
+        params = ALL_TRAIN[name] if call == "trainable" else ALL_FROZEN[name]
+        check_op(OPS[name], (3, N), dtype, params, _with_grads(name))
+
+
 @pytest.mark.parametrize("name, size, call, joint", [
     ("ln", (8192, 5120), "trainable", True),      # 16 warps: one program per SM
     ("ln", (8192, 8192), "frozen b", True),
