@@ -184,13 +184,14 @@ WHOLE_MAX_CHUNKS = 9
 # and the backwards with several: twice the bytes in flight, where one or two
 # programs per row hold an SM.
 LONG_WIDE_CHUNK_MAX = 16384
-# The passes of a long-row kernel over at most UNROLL_MAX_CHUNKS chunks of at
-# most UNROLL_MAX_BLOCK_N elements (8 warps) are unrolled whole (UNROLL,
-# `_unroll_factor`), so that each issues all its chunks' loads before their
-# arithmetic: the padded rows' plans (5376 = 3 x 2048, 13312 = 7 x 2048).
-# Triton 3.6's LLVM unrolled loops of about three chunks unasked, Triton
-# 3.8's none. Wider chunks, on 16 and 32 warps, measured mixed unrolled
-# (NOTES.md, section 6).
+# The passes of a long-row kernel over chunks of at most UNROLL_MAX_BLOCK_N
+# elements (8 warps) are unrolled whole (UNROLL, `_unroll_factor`), so that
+# each issues all its chunks' loads before their arithmetic, where there are
+# at most UNROLL_MAX_CHUNKS chunks or the last one is partial: the padded
+# rows' plans (5376 = 3 x 2048, 4352 = 8.5 x 512). Triton 3.6's LLVM unrolled
+# loops of about three chunks unasked, Triton 3.8's none. More whole chunks,
+# and wider ones (16 and 32 warps), measured mixed unrolled (NOTES.md,
+# section 6).
 UNROLL_MAX_CHUNKS = 8
 UNROLL_MAX_BLOCK_N = 2048
 
@@ -591,7 +592,7 @@ def _long_forward_presum(N: int, sums: int) -> int:
 
 def _unrolled(N: int, block_n: int) -> bool:
     """UNROLL of a long-row kernel: its passes unrolled whole (UNROLL_MAX_CHUNKS)."""
-    return block_n <= UNROLL_MAX_BLOCK_N and _cdiv(N, block_n) <= UNROLL_MAX_CHUNKS
+    return block_n <= UNROLL_MAX_BLOCK_N and (N % block_n > 0 or N // block_n <= UNROLL_MAX_CHUNKS)
 
 
 class _RowTiling(NamedTuple):

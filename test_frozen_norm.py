@@ -1192,21 +1192,24 @@ def test_long_row_backward_joint(name, size, call, dtype, joint):
     ("ln", 13312, "trainable", torch.bfloat16, True),     # the dx launch of a trained backward
     ("poly", 1152, "fwd", torch.bfloat16, True),          # 4 whole chunks of 256 and a tail (TAIL)
     ("poly", 5376, "trainable", torch.float32, True),
-    ("ln", 4608, "all frozen", torch.bfloat16, False),    # 9 chunks of 512: over UNROLL_MAX_CHUNKS
+    ("ln", 4352, "all frozen", torch.bfloat16, True),     # 9 of 512, the last partial
+    ("poly", 8448, "all frozen", torch.bfloat16, True),   # 17 of 512, the last partial
+    ("ln", 4608, "all frozen", torch.bfloat16, False),    # 9 whole chunks of 512: over UNROLL_MAX_CHUNKS
     ("rms", 16384, "frozen w", torch.bfloat16, False)])   # chunks of 4096: over UNROLL_MAX_BLOCK_N
 def test_long_row_unroll(name, N, call, dtype, unroll):
     """The long-row kernels unroll both passes whole (UNROLL, a
-    `loop_unroll_factor` of every chunk) on at most UNROLL_MAX_CHUNKS chunks of
-    at most UNROLL_MAX_BLOCK_N elements, and leave longer loops and wider
-    chunks to the compiler. On meta tensors; the unrolled ones then run against
-    float64 (on a GPU, the unrolled code)."""
+    `loop_unroll_factor` of every chunk) on chunks of at most
+    UNROLL_MAX_BLOCK_N elements, at most UNROLL_MAX_CHUNKS of them or the last
+    one partial, and leave more whole chunks and wider ones to the compiler.
+    On meta tensors; the unrolled ones then run against float64 (on a GPU,
+    the unrolled code)."""
     from bench_frozen_norm import VARIANTS, record_backward, record_forward
     rec = (record_forward(name, (3, N), dtype) if call == "fwd"
            else record_backward(name, (3, N), VARIANTS[name][call], dtype))
     launch = rec.launches[0]
     assert launch.name.startswith("_long_") and launch.constexprs["UNROLL"] == unroll, launch.name
-    chunks = -(-N // launch.constexprs["BLOCK_N"])
-    assert unroll == (chunks <= fn.UNROLL_MAX_CHUNKS and launch.constexprs["BLOCK_N"] <= fn.UNROLL_MAX_BLOCK_N)
+    block_n = launch.constexprs["BLOCK_N"]
+    assert unroll == (block_n <= fn.UNROLL_MAX_BLOCK_N and (N % block_n > 0 or N // block_n <= fn.UNROLL_MAX_CHUNKS))
     if unroll:
         params = ALL_TRAIN[name] if call == "trainable" else ALL_FROZEN[name]
         check_op(OPS[name], (3, N), dtype, params, _with_grads(name))
