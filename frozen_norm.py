@@ -591,7 +591,8 @@ def _long_forward_presum(N: int, sums: int) -> int:
 
 
 def _unrolled(N: int, block_n: int) -> bool:
-    """UNROLL of a long-row kernel: its passes unrolled whole (UNROLL_MAX_CHUNKS)."""
+    """UNROLL of a long-row kernel in chunks of block_n: its passes unrolled
+    whole (UNROLL_MAX_BLOCK_N, UNROLL_MAX_CHUNKS)."""
     return block_n <= UNROLL_MAX_BLOCK_N and (N % block_n > 0 or N // block_n <= UNROLL_MAX_CHUNKS)
 
 
