@@ -187,7 +187,7 @@ WHOLE_MAX_CHUNKS = 9
 # programs per row hold an SM.
 LONG_WIDE_CHUNK_MAX = 16384
 # The passes of a long-row kernel over chunks of at most UNROLL_MAX_BLOCK_N
-# elements (8 warps) are unrolled whole (UNROLL, `_unroll_factor`), so that
+# elements (8 warps) are unrolled whole (UNROLL, `_unrolled`), so that
 # each issues all its chunks' loads before their arithmetic, where there are
 # at most UNROLL_MAX_CHUNKS chunks or the last one is partial: the padded
 # rows' plans (5376 = 3 x 2048, 4352 = 8.5 x 512). Triton 3.6's LLVM unrolled
@@ -1343,7 +1343,8 @@ def _long_row_norm_fwd_kernel(
     in torch.compile's generated code: the trip counts are known and the
     compiler can unroll and drop masks (one compiled variant per row length,
     and models have few). UNROLL unrolls both passes whole
-    (`_unroll_factor`, UNROLL_MAX_CHUNKS); False leaves it to the compiler.
+    (`_unroll_factor`; the wrappers set it by `_unrolled`); False leaves
+    it to the compiler.
 
     Grid: (M,), one row per program. Pointers, dtypes and CENTER / HAS_RESIDUAL
     / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
