@@ -31,7 +31,7 @@ What you will learn by reading it
   its reductions lets x and dy die there (the piped rows), a select that no
   sum needs can be what makes a kernel spill (`_load_dy_xhat_g`), and
   narrower vector loads can let the empty end of a tile fold away at compile
-  time (`PIPED_VEC_ELEMENTS`, `FWD_VEC_ELEMENTS`).
+  time (`PIPED_VEC_ELEMENTS`, `NARROW_VEC_ELEMENTS`).
 * How registers per thread decide programs per SM, and how a register cap
   (``maxnreg``) buys one more where ptxas does not spill under it
   (`_forward_register_cap`, `LONG_BWD_MAX_REGISTERS`); and why the reports
@@ -203,9 +203,9 @@ UNROLL_MAX_BLOCK_N = 2048
 # the rest of every thread's lanes masked. Longer than PADDED_ROW_MIN, it takes
 # the long-row plan instead, whose chunks fit it closely (5120 = 5 x 1024): in
 # the forwards (not FusedAdd's, RESIDUAL_ROW_BLOCK_MAX, nor 16-bit rows that
-# FWD_VEC_ELEMENTS fits), the row norms' backwards without dw/db and PolyNorm's
-# backward. A trained row-norm backward keeps the tile, whose registers hold
-# dw and db.
+# NARROW_VEC_ELEMENTS fits), the row norms' backwards without dw/db and
+# PolyNorm's backward. A trained row-norm backward keeps the tile, whose
+# registers hold dw and db.
 PADDED_ROW_FILL = 0.75
 PADDED_ROW_MIN = 2048
 # Shorter padded rows stay in a tile, but in PolyNorm's kernels and RMSNorm's
@@ -229,9 +229,15 @@ RMS_PADDED_CHUNK_MIN = 1024
 # would leave a thread's last repeat of lanes partial (`_narrow_forward`): in
 # the widest of these vectors (elements) that cuts the row into whole repeats
 # (4: 2560, 5120, 7168), else the narrowest (4608), so that the lanes past N
-# fold away at compile time. LayerNorm's rows wherever so, RMSNorm's padded
-# ones only.
-FWD_VEC_ELEMENTS = (4, 2)
+# fold away at compile time (`_narrow_vec`). LayerNorm's rows wherever so,
+# RMSNorm's padded ones only. Padded 16-bit rows of PADDED_ROW_MIN and less
+# take the same vectors and N_CONST where their tile is at least one repeat of
+# 16-byte vectors wide (`_short_narrow_vec`): LayerNorm's forward (its
+# PADDED_TILE_WARPS tiles: 576 = 9 repeats of 64 on one warp) and the row
+# norms' frozen tile backwards (LayerNorm's; FusedAdd's with ds, whose 4-warp
+# tiles qualify past 512); not the trained ones, whose accumulators N_CONST
+# reorders (measured mixed).
+NARROW_VEC_ELEMENTS = (4, 2)
 # Register caps on LayerNorm's 16-bit tile forward where one more program per
 # SM fits without a spill and measured faster (`_forward_register_cap`): tiles
 # FWD_SHORT_BLOCK_N wide on MIN_WARPS warps (rows of 385 to 512), 56 registers
@@ -550,11 +556,16 @@ def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
 
 
 def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool) -> tuple:
-    """By the rule of FWD_VEC_ELEMENTS, a row norm's forward of x's M rows of
-    N elements (row stride stride_x) in one tile of narrower vectors: the
+    """By the rule of NARROW_VEC_ELEMENTS, a row norm's forward of x's M rows
+    of N elements (row stride stride_x) in one tile of narrower vectors: the
     tiling and the vectors' elements (VEC), or (None, 0) where the forward
     plans as before (16-bit rows aligned for vectors only, `_vector_aligned`;
-    LayerNorm's if `center`)."""
+    LayerNorm's if `center`), and LayerNorm's padded rows of PADDED_ROW_MIN
+    and less in their PADDED_TILE_WARPS tiles (`_short_narrow_vec`)."""
+    if center and N <= PADDED_ROW_MIN:
+        tile = _row_tiling(M, N, padded_tile=True)
+        vec = _short_narrow_vec(tile, N, (x,), (stride_x,))
+        return (tile if vec else None), vec
     if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x)):
         return None, 0
     tile = _row_tiling(M, N)
@@ -563,7 +574,27 @@ def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool
     if not (center or _fills_poorly(N, tile.block_n, PADDED_ROW_FILL)):
         return None, 0   # RMSNorm's full tile
     # The widest that cuts the row in whole repeats, else the narrowest.
-    return tile, next((v for v in FWD_VEC_ELEMENTS if N % _lane_repeat(tile, v) == 0), FWD_VEC_ELEMENTS[-1])
+    return tile, _narrow_vec(tile, N)
+
+
+def _narrow_vec(t: "_RowTiling", N: int) -> int:
+    """VEC of a row of N in tiles `t` by the rule of NARROW_VEC_ELEMENTS:
+    the widest vector that cuts the row into whole repeats of a thread's
+    lanes, else the narrowest."""
+    return next((v for v in NARROW_VEC_ELEMENTS if N % _lane_repeat(t, v) == 0), NARROW_VEC_ELEMENTS[-1])
+
+
+def _short_narrow_vec(t: "_RowTiling", N: int, tensors: tuple, strides: tuple) -> int:
+    """VEC of a tile `t` of padded rows of N up to PADDED_ROW_MIN, with
+    N_CONST (see NARROW_VEC_ELEMENTS), or 0 where it keeps 16-byte vectors
+    and N at run time: `tensors` (those a row is loaded from) 16-bit and
+    their row `strides` aligned for vectors, and the tile at least one
+    repeat of its threads' 16-byte vectors wide (Triton lays a narrower
+    tile's warps across rows, where no lane is empty for N_CONST to fold)."""
+    if (max(u.element_size() for u in tensors) != 2 or N > PADDED_ROW_MIN or not _vector_aligned((N, *strides))
+            or not _fills_poorly(N, t.block_n, PADDED_ROW_FILL) or t.block_n < _lane_repeat(t, 16 // 2)):
+        return 0
+    return _narrow_vec(t, N)
 
 
 def _forward_register_cap(t: "_RowTiling", x: torch.Tensor, N: int, vec: int, center: bool) -> Optional[int]:
@@ -574,7 +605,7 @@ def _forward_register_cap(t: "_RowTiling", x: torch.Tensor, N: int, vec: int, ce
         return None
     if t.block_n == FWD_SHORT_BLOCK_N and t.num_warps == MIN_WARPS:
         return FWD_SHORT_MAX_REGISTERS
-    if vec == FWD_VEC_ELEMENTS[0] and t.block_n == ROW_BLOCK_MAX and N <= FWD_NARROW_ROW_MAX:
+    if vec == NARROW_VEC_ELEMENTS[0] and t.block_n == ROW_BLOCK_MAX and N <= FWD_NARROW_ROW_MAX:
         return FWD_NARROW_MAX_REGISTERS
     return None
 
@@ -871,7 +902,7 @@ def _tile_columns(BLOCK_N: tl.constexpr, VEC: tl.constexpr):
     of VEC only (`tl.max_contiguous`) where VEC > 0: Triton then loads
     vectors of VEC elements, narrower than the 16 bytes it would take, and a
     thread's lanes repeat more often along the row (PIPED_VEC_ELEMENTS,
-    FWD_VEC_ELEMENTS)."""
+    NARROW_VEC_ELEMENTS)."""
     cols = tl.arange(0, BLOCK_N)
     if VEC:
         cols = tl.max_contiguous(cols, VEC)
@@ -1276,8 +1307,8 @@ def _row_norm_fwd_kernel(
       HAS_RESIDUAL  the load of R, the add and the store of S.
       HAS_W, HAS_B  the load and multiply by (o + w), the load and add of b.
     OFFSET is o; o = 0 removes the add of o to w (`_load_scale`).
-    N_CONST is 0, or N as a compile-time constant (FWD_VEC_ELEMENTS), so that
-    a thread's lanes past N fold away: their loads, stores and mask tests.
+    N_CONST is 0, or N as a compile-time constant (NARROW_VEC_ELEMENTS), so
+    that a thread's lanes past N fold away: their loads, stores and mask tests.
     VEC is 0, or the elements of the vectors loaded (`tl.max_contiguous`
     caps what Triton may assume contiguous); 0 removes the hint.
     """
@@ -1571,23 +1602,25 @@ def _row_norm_bwd_kernel(
                   BLOCK_N / (32 * num_warps) fp32 registers are free between
                   tiles. False removes the per-tile loads.
       N_CONST     0, or N as a compile-time constant, for the piped rows
-                  (PIPED_ROW_MAX): lanes past N fold away, and dw and db are
-                  added before the row reductions instead of after dx, so
-                  that x and dy need not live through them. Where N fills
-                  the tile (N_CONST = BLOCK_N), also the select that zeroes
-                  xhat's masked lanes (`_load_dy_xhat_g`): ptxas (Triton
-                  3.6) spills 128 bytes of RMSNorm's there with it, none
-                  without, while in rows shorter than the tile it spills
+                  (PIPED_ROW_MAX) and the frozen tiles of short padded rows
+                  (NARROW_VEC_ELEMENTS): lanes past N fold away, and dw and
+                  db are added before the row reductions instead of after
+                  dx, so that x and dy need not live through them. Where N
+                  fills the tile (N_CONST = BLOCK_N), also the select that
+                  zeroes xhat's masked lanes (`_load_dy_xhat_g`): ptxas
+                  (Triton 3.6) spills 128 bytes of RMSNorm's there with it,
+                  none without, while in rows shorter than the tile it spills
                   more without it (at 9216: 112 bytes, against 40); and
                   there, and only there, RMSNorm's x - 0 stays (FOLD in
                   `_load_row_stats`): those 128-register loops measured
                   slower without it (NOTES.md, section 6). 0 keeps
                   N a run-time number (one compile serves every N of a tile).
-      VEC         0, or the elements per vector load (PIPED_VEC_ELEMENTS):
-                  the columns are declared contiguous in runs of VEC only,
-                  so Triton loads narrower vectors and a thread's lanes
-                  repeat more often along the row, which lets more of a
-                  padded tile fold away under N_CONST. 0 removes the hint.
+      VEC         0, or the elements per vector load (PIPED_VEC_ELEMENTS,
+                  NARROW_VEC_ELEMENTS): the columns are declared contiguous
+                  in runs of VEC only, so Triton loads narrower vectors and
+                  a thread's lanes repeat more often along the row, which
+                  lets more of a padded tile fold away under N_CONST. 0
+                  removes the hint.
     JOINT (with CENTER and COMPUTE_DX): a row's c1 and c2 sums reduced as one
     pair (`_add2`), one exchange between warps; False: a `tl.sum` each (see
     the JOINT rule beside LONG_BWD_MAX_REGISTERS).
@@ -2088,12 +2121,17 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # JOINT (see LONG_BWD_MAX_REGISTERS): trained, one program per SM; frozen, tiles of ROW_BLOCK_MAX.
         joint = mean is not None and (_programs_per_sm(t.num_warps) == 1 and not one_acc if trains
                                       else t.block_n == ROW_BLOCK_MAX)
+        # Frozen tiles of padded 16-bit rows up to PADDED_ROW_MIN (LayerNorm's
+        # padded tiles, FusedAdd's with ds past 512): N a compile-time
+        # constant, in vectors of NARROW_VEC_ELEMENTS (see the constant).
+        short_vec = 0 if trains else _short_narrow_vec(t, N, (x, dy), strides)
         _row_norm_bwd_kernel[(g.programs,)](
             dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n // 2 if tail else t.block_n, STAGES=stages, RELOAD=reload,
-            W_PER_TILE=w_per_tile, N_CONST=N if piped else 0, VEC=PIPED_VEC_ELEMENTS if narrow else 0,
+            W_PER_TILE=w_per_tile, N_CONST=N if piped or short_vec else 0,
+            VEC=PIPED_VEC_ELEMENTS if narrow else short_vec,
             JOINT=joint, TAIL=tail,
             num_warps=t.num_warps)
     else:

@@ -792,7 +792,7 @@ def test_padded_rows_plan(N):
     dw/db and PolyNorm's backward take the long-row kernels; FusedAdd's
     forward and a trained row-norm backward keep the tile kernels, and so do
     the forwards of 16-bit rows that 16-byte vectors leave a partial repeat
-    of a thread's lanes (FWD_VEC_ELEMENTS: 2304, 4608, 5120; the rule's own
+    of a thread's lanes (NARROW_VEC_ELEMENTS: 2304, 4608, 5120; the rule's own
     test is test_narrow_forward_plan). The kernels each call launches first,
     on meta tensors."""
     padded = fn.PADDED_ROW_MIN < N <= fn.PADDED_ROW_FILL * fn._pow2(N)
@@ -868,7 +868,7 @@ def test_padded_short_rows_plan(N, monkeypatch):
 
 @pytest.mark.parametrize("name, call, N, dtype, chunk", [
     ("rms", "forward", 2312, torch.bfloat16, 1024),   # RMS_PADDED_CHUNK_MIN, not 5 x 512
-    ("rms", "forward", 4600, torch.bfloat16, 1024),   # (rows of 16-bit vectors take a tile: FWD_VEC_ELEMENTS)
+    ("rms", "forward", 4600, torch.bfloat16, 1024),   # (rows of 16-bit vectors take a tile: NARROW_VEC_ELEMENTS)
     ("rms", "forward", 4608, torch.float32, 512),     # fp32: chunks of LONG_CHUNK_MIN load 16 bytes a thread
     ("ln", "forward", 4600, torch.bfloat16, 512),     # two sums: LONG_CHUNK_MIN
     ("fadd", "frozen w", 2304, torch.bfloat16, 1024),
@@ -941,7 +941,7 @@ def test_padded_tail(name, N, dtype):
 def test_padded_rows(name, mode, M, N):
     """Padded rows against float64, trained and frozen. 2560 (a tile of 4096):
     frozen through the long-row kernels, trained through the tile kernels (but
-    PolyNorm's backward), the forwards in a tile (FWD_VEC_ELEMENTS). 576 and
+    PolyNorm's backward), the forwards in a tile (NARROW_VEC_ELEMENTS). 576 and
     1152, on a GPU: LayerNorm's padded tiles (on one warp at 576,
     PADDED_WARP_ROW_MAX; on PADDED_TILE_WARPS at 1152) and the long-row
     kernels in chunks of 256 on one warp (RMSNorm's frozen backward at 576;
@@ -951,7 +951,7 @@ def test_padded_rows(name, mode, M, N):
 
 
 # The first forward launch of RMSNorm and LayerNorm on 16-bit rows of N
-# (real limits, FWD_VEC_ELEMENTS): "long" for the long-row kernel, else the
+# (real limits, NARROW_VEC_ELEMENTS): "long" for the long-row kernel, else the
 # tile's VEC (0: 16-byte vectors, N at run time). 3072 and 6144 are whole
 # 16-byte repeats of a thread's lanes (1024 on 4 warps, 2048 on 8), 2312 is
 # not aligned for vectors; RMSNorm's full tiles (3328, 3584, 7168) keep VEC 0.
@@ -967,7 +967,7 @@ def test_narrow_forward_plan(dtype):
     """RMSNorm's and LayerNorm's forwards hold 16-bit rows of PADDED_ROW_MIN
     to ROW_BLOCK_MAX whose last repeat of a thread's lanes 16-byte vectors
     leave partial in one tile, N a compile-time constant, in vectors of
-    FWD_VEC_ELEMENTS (8 bytes where they make whole repeats, else 4);
+    NARROW_VEC_ELEMENTS (8 bytes where they make whole repeats, else 4);
     RMSNorm's only where the row fills the tile poorly (PADDED_ROW_FILL).
     fp32 rows and FusedAdd's forward keep their plans (padded rows long,
     FusedAdd's in a tile of 16-byte vectors). The first launch, on meta
@@ -988,6 +988,63 @@ def test_narrow_forward_plan(dtype):
             fused = record_forward("fadd", (8192, N), dtype).launches[0]
             assert (fused.name, fused.constexprs["N_CONST"], fused.constexprs["VEC"]) == (
                 "_row_norm_fwd_kernel", 0, 0), N
+
+
+# Padded 16-bit rows of PADDED_ROW_MIN and less whose tiles take N_CONST and
+# vectors of NARROW_VEC_ELEMENTS (real limits): VEC of LayerNorm's forward and
+# of the frozen tile backwards of LayerNorm (one- and two-warp padded tiles),
+# FusedAdd (with ds, 4-warp tiles) and RMSNorm ("long": its frozen backward's
+# long-row plan past PADDED_SHORT_ROW_MIN); 0 where none is taken (N_CONST 0).
+# 896 and 1024 fill their tiles, 584 is not aligned for vectors; 96 (one warp)
+# and the 4-warp tiles of 512 and less are narrower than one 16-byte repeat.
+SHORT_NARROW_PLANS = {   # N: (ln forward, ln frozen, fadd frozen, rms frozen)
+    96: (0, 0, 0, 0), 160: (2, 2, 0, 0), 384: (4, 4, 0, 0), 576: (2, 2, 2, "long"), 640: (4, 4, 2, "long"), 768: (4, 4, 2, "long"),
+    1152: (2, 2, 2, "long"), 1280: (4, 4, 2, "long"), 1536: (4, 4, 4, "long"), 584: (0, 0, 0, "long"),
+    896: (0, 0, 0, 0), 1024: (0, 0, 0, 0)}
+
+
+def _short_narrow_launch(launch):
+    """(N_CONST, VEC) of a tile launch, or "long"."""
+    if launch.name.startswith("_long"):
+        return "long"
+    return launch.constexprs["N_CONST"], launch.constexprs["VEC"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_short_narrow_plan(dtype):
+    """LayerNorm's forward and the row norms' frozen tile backwards of padded
+    16-bit rows up to PADDED_ROW_MIN, aligned for vectors, in tiles at least
+    one 16-byte repeat wide, launch N_CONST = N and VEC by NARROW_VEC_ELEMENTS'
+    rule; trained backwards, rows that fill their tile, unaligned rows,
+    narrower tiles and fp32 rows keep N at run time. The first
+    forward launch and the backward's main launch, on meta tensors, at the
+    real limits."""
+    from bench_frozen_norm import VARIANTS, main_backward_launch, record_backward, record_forward
+    frozen = {"ln": "all frozen", "fadd": "frozen w", "rms": "frozen w"}
+    for N, wants in SHORT_NARROW_PLANS.items():
+        got_fwd = _short_narrow_launch(record_forward("ln", (8192, N), dtype).launches[0])
+        want = wants[0] if dtype != torch.float32 else 0
+        assert got_fwd == ((N if want else 0), want), (N, got_fwd)
+        for (name, variant), want in zip(frozen.items(), wants[1:]):
+            if dtype == torch.float32 and want != "long":
+                want = 0
+            for v, w in ((variant, want), ("trainable", 0)):
+                got = _short_narrow_launch(main_backward_launch(record_backward(name, (8192, N), VARIANTS[name][v],
+                                                                                dtype=dtype)))
+                assert got == (w if w == "long" else ((N if w else 0), w)), (name, v, N, got)
+
+
+@pytest.mark.parametrize("name", ["ln", "fadd", "rms"])
+@pytest.mark.parametrize("M, N, dtype, layout", [
+    (37, 576, torch.bfloat16, "contiguous"), (9, 384, torch.float16, "contiguous"),
+    (5, 1280, torch.bfloat16, "wide"), (11, 160, torch.bfloat16, "contiguous")])
+def test_short_narrow(name, M, N, dtype, layout):
+    """The launches of test_short_narrow_plan against float64, frozen (N_CONST
+    and narrow vectors) and trained (neither), with a row stride aligned for
+    vectors too ("wide": N + 64)."""
+    wide = lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 64)[..., : t.shape[-1]])
+    for params in (ALL_FROZEN[name], ALL_TRAIN[name]):
+        check_op(OPS[name], (M, N), dtype, params, _with_grads(name), layout=wide if layout == "wide" else None)
 
 
 @pytest.mark.parametrize("name, N, dtype, cap", [
