@@ -998,9 +998,9 @@ def test_narrow_forward_plan(dtype):
 # 896 and 1024 fill their tiles, 584 is not aligned for vectors; 96 (one warp)
 # and the 4-warp tiles of 512 and less are narrower than one 16-byte repeat.
 SHORT_NARROW_PLANS = {   # N: (ln forward, ln frozen, fadd frozen, rms frozen)
-    96: (0, 0, 0, 0), 160: (2, 2, 0, 0), 384: (4, 4, 0, 0), 576: (2, 2, 2, "long"), 640: (4, 4, 2, "long"), 768: (4, 4, 2, "long"),
-    1152: (2, 2, 2, "long"), 1280: (4, 4, 2, "long"), 1536: (4, 4, 4, "long"), 584: (0, 0, 0, "long"),
-    896: (0, 0, 0, 0), 1024: (0, 0, 0, 0)}
+    96: (0, 0, 0, 0), 160: (2, 2, 0, 0), 384: (4, 4, 0, 0), 576: (2, 2, 2, "long"), 640: (4, 4, 2, "long"),
+    768: (4, 4, 2, "long"), 1152: (2, 2, 2, "long"), 1280: (4, 4, 2, "long"), 1536: (4, 4, 4, "long"),
+    584: (0, 0, 0, "long"), 896: (0, 0, 0, 0), 1024: (0, 0, 0, 0)}
 
 
 def _short_narrow_launch(launch):
@@ -1016,9 +1016,9 @@ def test_short_narrow_plan(dtype):
     16-bit rows up to PADDED_ROW_MIN, aligned for vectors, in tiles at least
     one 16-byte repeat wide, launch N_CONST = N and VEC by NARROW_VEC_ELEMENTS'
     rule; trained backwards, rows that fill their tile, unaligned rows,
-    narrower tiles and fp32 rows keep N at run time. The first
-    forward launch and the backward's main launch, on meta tensors, at the
-    real limits."""
+    narrower tiles and fp32 rows keep N at run time. The first forward
+    launch and the backward's main launch, on meta tensors, at the real
+    limits."""
     from bench_frozen_norm import VARIANTS, main_backward_launch, record_backward, record_forward
     frozen = {"ln": "all frozen", "fadd": "frozen w", "rms": "frozen w"}
     for N, wants in SHORT_NARROW_PLANS.items():
@@ -1040,8 +1040,9 @@ def test_short_narrow_plan(dtype):
     (5, 1280, torch.bfloat16, "wide"), (11, 160, torch.bfloat16, "contiguous")])
 def test_short_narrow(name, M, N, dtype, layout):
     """The launches of test_short_narrow_plan against float64, frozen (N_CONST
-    and narrow vectors) and trained (neither), with a row stride aligned for
-    vectors too ("wide": N + 64)."""
+    and narrow vectors where that plan has them: LayerNorm's at every length
+    here, FusedAdd's at 576 and 1280) and trained (neither), with a row
+    stride aligned for vectors too ("wide": N + 64)."""
     wide = lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 64)[..., : t.shape[-1]])
     for params in (ALL_FROZEN[name], ALL_TRAIN[name]):
         check_op(OPS[name], (M, N), dtype, params, _with_grads(name), layout=wide if layout == "wide" else None)
