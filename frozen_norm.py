@@ -560,12 +560,7 @@ def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool
     of N elements (row stride stride_x) in one tile of narrower vectors: the
     tiling and the vectors' elements (VEC), or (None, 0) where the forward
     plans as before (16-bit rows aligned for vectors only, `_vector_aligned`;
-    LayerNorm's if `center`), and LayerNorm's padded rows of PADDED_ROW_MIN
-    and less in their PADDED_TILE_WARPS tiles (`_short_narrow_vec`)."""
-    if center and N <= PADDED_ROW_MIN:
-        tile = _row_tiling(M, N, padded_tile=True)
-        vec = _short_narrow_vec(tile, N, (x,), (stride_x,))
-        return (tile if vec else None), vec
+    LayerNorm's if `center`). Shorter rows: `_short_narrow_vec`."""
     if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x)):
         return None, 0
     tile = _row_tiling(M, N)
@@ -591,8 +586,9 @@ def _short_narrow_vec(t: "_RowTiling", N: int, tensors: tuple, strides: tuple) -
     their row `strides` aligned for vectors, and the tile at least one
     repeat of its threads' 16-byte vectors wide (Triton lays a narrower
     tile's warps across rows, where no lane is empty for N_CONST to fold)."""
-    if (max(u.element_size() for u in tensors) != 2 or N > PADDED_ROW_MIN or not _vector_aligned((N, *strides))
-            or not _fills_poorly(N, t.block_n, PADDED_ROW_FILL) or t.block_n < _lane_repeat(t, 16 // 2)):
+    if (N > PADDED_ROW_MIN or not _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
+            or any(u.element_size() != 2 for u in tensors) or not _vector_aligned((N, *strides))
+            or t.block_n < _lane_repeat(t, 16 // 2)):
         return 0
     return _narrow_vec(t, N)
 
@@ -1985,6 +1981,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
             plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
             # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
             t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
+            if center:   # LayerNorm's padded tiles of short rows: N_CONST, NARROW_VEC_ELEMENTS
+                vec = _short_narrow_vec(t, N, (x,), (stride_x,))
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX), 16-byte vectors; one sum
         plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX)
         t, vec = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), 0
