@@ -1043,9 +1043,8 @@ def test_short_narrow(name, M, N, dtype, layout):
     and narrow vectors where that plan has them: LayerNorm's at every length
     here, FusedAdd's at 576 and 1280) and trained (neither), with a row
     stride aligned for vectors too ("wide": N + 64)."""
-    wide = lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 64)[..., : t.shape[-1]])
     for params in (ALL_FROZEN[name], ALL_TRAIN[name]):
-        check_op(OPS[name], (M, N), dtype, params, _with_grads(name), layout=wide if layout == "wide" else None)
+        check_op(OPS[name], (M, N), dtype, params, _with_grads(name), layout=_wide if layout == "wide" else None)
 
 
 @pytest.mark.parametrize("name, N, dtype, cap", [
@@ -1082,9 +1081,8 @@ def test_narrow_forward(name, N, dtype, layout):
     it (Triton then proves no vector). The plan: recorded on meta tensors of
     the same row stride."""
     from bench_frozen_norm import recording
-    wide = lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 64)[..., : t.shape[-1]])
     check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name),
-             layout=wide if layout == "wide" else LAYOUTS[layout])
+             layout=_wide if layout == "wide" else LAYOUTS[layout])
     x = torch.empty_strided((3, N), ({"wide": N + 64, "sliced": N + 3}.get(layout, N), 1), device="meta",
                             dtype=dtype)
     with recording() as rec:
@@ -2069,6 +2067,12 @@ LAYOUTS = {
     "misaligned": lambda t: _laid_out(t, lambda t: t.new_empty(t.numel() + 1)[1:].view(t.shape)),
     "transposed": lambda t: _laid_out(t, lambda t: t.new_empty(t.shape[::-1]).permute(*reversed(range(t.dim())))),
 }
+
+
+def _wide(t):
+    """t as rows of a wider tensor, a row stride of N + 64: still aligned for
+    vectors, unlike LAYOUTS' "sliced" (N + 3)."""
+    return _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], t.shape[-1] + 64)[..., : t.shape[-1]])
 
 
 def _layouts():
