@@ -560,7 +560,8 @@ def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool
     of N elements (row stride stride_x) in one tile of narrower vectors: the
     tiling and the vectors' elements (VEC), or (None, 0) where the forward
     plans as before (16-bit rows aligned for vectors only, `_vector_aligned`;
-    LayerNorm's if `center`). Shorter rows: `_short_narrow_vec`."""
+    LayerNorm's if `center`). LayerNorm's padded rows of PADDED_ROW_MIN and
+    less: `_short_narrow_vec`, on the tile the forward plans for them."""
     if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x)):
         return None, 0
     tile = _row_tiling(M, N)
