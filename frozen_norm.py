@@ -336,6 +336,13 @@ POLY_WARP_ROW_MAX = 2304
 # a row, load lines of this many bytes instead (`_segment_tile`), a row in one
 # warp, where a tile holds at least as many rows as warps.
 WARP_LOAD_BYTES = 32 * 16
+# Shorter lines put several in a warp (a warp holds WARP_LOAD_BYTES / line
+# bytes of them), so that a row's sums take fewer shuffle steps and each step
+# serves several rows. The forward's lines, and the backward's of padded rows
+# (PADDED_ROW_FILL; rows that fill their tile measured slower so), are halved
+# down to 64 bytes (two whole 32-byte sectors of a warp's load), while the
+# tile's rows keep all their lines in one warp (`_row_segment`).
+LINE_MIN_BYTES = 64
 # Registers a thread of PolyNorm's tile backward may use: 128, so that
 # THREADS_PER_SM threads fit an SM and the programs the persistent grid plans
 # run side by side (uncapped, ptxas of Triton 3.6 gave 140: three programs
@@ -753,16 +760,24 @@ def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
     return all(s % 16 == 0 for s in strides) and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None)
 
 
-def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple) -> int:
+def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple, narrow: bool = True) -> int:
     """SEG of `_segment_tile` for tiles `t` of `tensors` (x first; None
     skipped) of row `strides`: the elements of x a warp loads side by side
     (WARP_LOAD_BYTES), or 32 (one a lane) without 16-byte vectors
     (`_vector_aligned`), or BLOCK_N, the plain tile, when a tile has fewer
-    rows than warps."""
+    rows than warps. With `narrow`, halved down to LINE_MIN_BYTES while the
+    lines a warp holds (32 * vec / SEG, vec: the elements of a lane's vector)
+    times the warps still divide the tile's rows, so that all lines of a row
+    stay in one warp (`_segment_tile`)."""
     if t.rows % t.num_warps:
         return t.block_n
+    size = tensors[0].element_size()
     aligned = _vector_aligned(strides, tensors)
-    return min(t.block_n, WARP_LOAD_BYTES // tensors[0].element_size() if aligned else 32)
+    vec = 16 // size if aligned else 1
+    seg = min(t.block_n, WARP_LOAD_BYTES // size if aligned else 32)
+    while narrow and seg * size > LINE_MIN_BYTES and t.rows % (t.num_warps * 32 * vec // (seg // 2)) == 0:
+        seg //= 2
+    return seg
 
 
 class _Grid(NamedTuple):
@@ -923,13 +938,14 @@ def _segment_tile(tile, M, N, stride, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
     tensor) as BLOCK_N / SEG * ROWS lines of SEG elements: line h * ROWS + r
     holds row r's segment h, its columns h * SEG to h * SEG + SEG - 1.
 
-    Why: Triton lays a 2-D tile out by lines, each warp holding whole lines of
-    SEG (= what its lanes load side by side, WARP_LOAD_BYTES) and line i going
-    to warp i % num_warps; with ROWS a multiple of the warps, all segments of
-    a row are in one warp. `_by_row` then views the tile as [segment, row,
-    lane] without moving data, and `_row_sums` reduces a row in registers and
-    shuffles, with no exchange between warps. SEG = BLOCK_N is the plain
-    [ROWS, BLOCK_N] tile of `_tile`.
+    Why: Triton lays a 2-D tile out by lines, each warp holding L = 32 * vec /
+    SEG whole lines (vec: the elements of a lane's vector; L = 1 where SEG is
+    what its lanes load side by side, WARP_LOAD_BYTES), lines i to i + L - 1
+    going to warp (i / L) % num_warps; with ROWS a multiple of L times the
+    warps (`_row_segment`), all segments of a row are in one warp. `_by_row`
+    then views the tile as [segment, row, lane] without moving data, and
+    `_row_sums` reduces a row in registers and shuffles, with no exchange
+    between warps. SEG = BLOCK_N is the plain [ROWS, BLOCK_N] tile of `_tile`.
     """
     line = tl.arange(0, BLOCK_N // SEG * ROWS)
     rows = tile * ROWS + line % ROWS
@@ -3529,7 +3545,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial,
             M, N, stride_dy, stride_x, dx_stride, g.tiles_per_program,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            ROWS=t.rows, BLOCK_N=t.block_n, SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride)),
+            ROWS=t.rows, BLOCK_N=t.block_n, SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride),
+                                                             _fills_poorly(N, t.block_n, PADDED_ROW_FILL)),
             STAGES=g.stages, num_warps=t.num_warps,
             ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS)
     else:

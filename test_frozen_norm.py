@@ -1111,25 +1111,32 @@ def test_poly_forward_long_rows_past_1024():
 
 
 @pytest.mark.parametrize("M, N, dtype, misalign, seg_fwd, seg_bwd", [
-    (9, 496, torch.bfloat16, False, 256, 256),   # 16-byte vectors: lines of 256, the last one partly masked
+    # 16-byte vectors: lines of 256 (the last one partly masked), halved
+    # while a tile's rows keep their lines in one warp: the forward's 8
+    # rows on 4 warps to 128, 2 lines a warp; not the backward's 4 rows.
+    (9, 496, torch.bfloat16, False, 128, 256),
+    (9, 160, torch.bfloat16, False, 64, 128),    # 16 rows forward, 8 backward (a padded row)
+    (9, 256, torch.bfloat16, False, 64, 256),    # the backward of a row that fills its tile: not halved
+    (9, 160, torch.float32, False, 32, 64),
+    (33, 96, torch.bfloat16, False, 32, 64),     # 32 rows forward: 64-byte lines, LINE_MIN_BYTES
     (9, 784, torch.bfloat16, False, 256, 1024),  # the backward's tiles of 2 rows: the plain tile
-    (9, 512, torch.float32, False, 128, 128),
     (9, 1000, torch.bfloat16, False, 32, 1024),  # row stride not divisible by 16: one element a lane
     (9, 512, torch.bfloat16, True, 32, 32),      # x's address not 16-byte aligned
     (2, 1024, torch.bfloat16, False, 1024, 1024),  # fewer rows than warps: the plain tile
 ])
 def test_poly_segmented_tile(M, N, dtype, misalign, seg_fwd, seg_bwd):
     """PolyNorm's tile kernels load rows in lines of SEG elements
-    (`_segment_tile`). The planner's SEG for each layout case, forward and
+    (`_segment_tile`). The SEG each layout case launches with, forward and
     backward, and y and every gradient against the float64 reference."""
+    from bench_frozen_norm import main_backward_launch, recording
     flat = randn(M * N + 1, dtype=dtype)
     x = (flat[1:] if misalign else flat[:-1]).view(M, N).requires_grad_()
     w, b = randn(3, dtype=dtype).requires_grad_(), randn(1, dtype=dtype).requires_grad_()
     dy = randn(M, N, dtype=dtype)
-    forward = fn._row_tiling(M, N, block_max=fn.POLY_FWD_ROW_BLOCK_MAX)
-    backward = fn._row_tiling(M, N, backward=True, block_max=fn.POLY_ROW_BLOCK_MAX)
-    assert fn._row_segment(forward, (x,), (N, N)) == seg_fwd
-    assert fn._row_segment(backward, (x, dy), (N, N)) == seg_bwd
+    with recording() as rec:   # the launches, not run
+        fn.poly_norm_backward(dy, x, w, b, fn.poly_norm_forward(x, w, b)[1])
+    assert rec.launches[0].constexprs["SEG"] == seg_fwd
+    assert main_backward_launch(rec).constexprs["SEG"] == seg_bwd
     y = fn.poly_norm(x, w, b)
     y.backward(dy)
     x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
