@@ -3545,8 +3545,9 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial,
             M, N, stride_dy, stride_x, dx_stride, g.tiles_per_program,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            ROWS=t.rows, BLOCK_N=t.block_n, SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride),
-                                                             _fills_poorly(N, t.block_n, PADDED_ROW_FILL)),
+            ROWS=t.rows, BLOCK_N=t.block_n,
+            SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride),
+                             narrow=_fills_poorly(N, t.block_n, PADDED_ROW_FILL)),   # LINE_MIN_BYTES
             STAGES=g.stages, num_warps=t.num_warps,
             ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS)
     else:
