@@ -21,8 +21,9 @@ What you will learn by reading it
   partial sums in registers, then a small fixed-order sum (a tall partial
   folded in bands first).
 * How a tile's shape steers Triton's layout: rows loaded as lines of what
-  one warp reads, so that a row's reductions never leave its warp
-  (`_segment_tile`, PolyNorm); and why the forwards store their row
+  one warp reads, or narrower ones that put several short rows in a warp,
+  so that a row's reductions never leave its warp (`_segment_tile`,
+  `_row_segment`, PolyNorm); and why the forwards store their row
   statistics before y (a layout change through shared memory is a wait).
 * A persistent grid whose loop over tiles Triton software-pipelines
   (``tl.range(..., num_stages=...)``: the next tiles' loads are in flight,
