@@ -337,9 +337,9 @@ POLY_WARP_ROW_MAX = 2304
 # a row, load lines of this many bytes instead (`_segment_tile`), a row in one
 # warp, where a tile holds at least as many rows as warps.
 WARP_LOAD_BYTES = 32 * 16
-# Shorter lines put several in a warp (a warp holds WARP_LOAD_BYTES / line
-# bytes of them), so that a row's sums take fewer shuffle steps and each step
-# serves several rows. The forward's lines, and the backward's of padded rows
+# Shorter lines put several in a warp (32 x vec / SEG of them, vec: the
+# elements of a lane's vector; `_segment_tile`), so that a row's sums take
+# fewer shuffle steps and each step serves several rows. The forward's lines, and the backward's of padded rows
 # (PADDED_ROW_FILL; rows that fill their tile measured slower so), are halved
 # down to 64 bytes (two whole 32-byte sectors of a warp's load), while the
 # tile's rows keep all their lines in one warp (`_row_segment`).
