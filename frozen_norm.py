@@ -339,10 +339,11 @@ POLY_WARP_ROW_MAX = 2304
 WARP_LOAD_BYTES = 32 * 16
 # Shorter lines put several in a warp (32 x vec / SEG of them, vec: the
 # elements of a lane's vector; `_segment_tile`), so that a row's sums take
-# fewer shuffle steps and each step serves several rows. The forward's lines, and the backward's of padded rows
-# (PADDED_ROW_FILL; rows that fill their tile measured slower so), are halved
-# down to 64 bytes (two whole 32-byte sectors of a warp's load), while the
-# tile's rows keep all their lines in one warp (`_row_segment`).
+# fewer shuffle steps and each step serves several rows. The forward's lines,
+# and the backward's of padded rows (PADDED_ROW_FILL; rows that fill their
+# tile measured slower so), are halved down to 64 bytes (two whole 32-byte
+# sectors of a warp's load), while the tile's rows keep all their lines in
+# one warp (`_row_segment`).
 LINE_MIN_BYTES = 64
 # Registers a thread of PolyNorm's tile backward may use: 128, so that
 # THREADS_PER_SM threads fit an SM and the programs the persistent grid plans
