@@ -197,6 +197,14 @@ LONG_WIDE_CHUNK_MAX = 16384
 # section 6).
 UNROLL_MAX_CHUNKS = 8
 UNROLL_MAX_BLOCK_N = 2048
+# The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
+# row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
+# (UNROLL_SUMS, `_unrolled_sums`; 12288 to 16384 in chunks of 4096, 24576 and
+# 32768 in chunks of 8192): its loads all issue before the sums, as Triton
+# 3.6's LLVM did unasked in RMSNorm's rows of 16384 but not in LayerNorm's, and
+# Triton 3.8's in neither. Pass 2 unrolled too, five to eight chunks, and
+# chunks of LONG_WIDE_CHUNK_MAX measured slower (NOTES.md, section 6).
+UNROLL_SUMS_MAX_CHUNKS = 4
 
 # --- Padded rows: rows that fill their power-of-two tile poorly --------------
 
@@ -633,6 +641,12 @@ def _unrolled(N: int, block_n: int) -> bool:
     """UNROLL of a long-row kernel in chunks of block_n: its passes unrolled
     whole (UNROLL_MAX_BLOCK_N, UNROLL_MAX_CHUNKS)."""
     return block_n <= UNROLL_MAX_BLOCK_N and (N % block_n > 0 or N // block_n <= UNROLL_MAX_CHUNKS)
+
+
+def _unrolled_sums(N: int, block_n: int) -> bool:
+    """UNROLL_SUMS of the long-row backward in chunks of block_n: its pass 1
+    unrolled whole (UNROLL_SUMS_MAX_CHUNKS)."""
+    return block_n <= LONG_CHUNK_MAX and _cdiv(N, block_n) <= UNROLL_SUMS_MAX_CHUNKS
 
 
 class _RowTiling(NamedTuple):
@@ -1799,7 +1813,7 @@ def _long_row_norm_bwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_C: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr,
+    BLOCK_C: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr, UNROLL_SUMS: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -1845,6 +1859,8 @@ def _long_row_norm_bwd_kernel(
     each with its own (see the JOINT rule beside LONG_BWD_MAX_REGISTERS).
     HW, G, stride_stats, UNROLL: as in `_long_row_norm_fwd_kernel` (UNROLL
     applies to the per-lane pass 1 and to pass 2).
+    UNROLL_SUMS: the per-lane pass 1 alone unrolled whole (see
+    UNROLL_SUMS_MAX_CHUNKS); False leaves its loop to the compiler.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_N / BLOCK_C] tiles,
@@ -1883,7 +1899,7 @@ def _long_row_norm_bwd_kernel(
         sum_x_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
         if CENTER:
             sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL)):
+        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL or UNROLL_SUMS)):
             x, g = _load_x_g(X, DY, W, start + sum_lanes, N, OFFSET, HAS_W, "evict_last", HW)
             sum_x_g += tl.sum(x * g, axis=1)
             if CENTER:
@@ -2170,7 +2186,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
                 JOINT=mean is not None and _holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
-                num_warps=t.num_warps, maxnreg=cap)
+                UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap)
         if beside:
             share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
             _run_beside(x.device, launch_dx, functools.partial(
@@ -2982,7 +2998,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             BLOCK_C=_group_long_sum_channels(Cg, HW, long_rows.block_n),
             JOINT=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
-            maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
+            UNROLL_SUMS=_unrolled_sums(L, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
     else:
         # The spare columns of the stats tensor are the sums launch's scratch,
         # a pair per program: `pieces` runs of tiles per split with w and b

@@ -1278,6 +1278,47 @@ def test_long_row_unroll(name, N, call, dtype, unroll):
         check_op(OPS[name], (3, N), dtype, params, _with_grads(name))
 
 
+@pytest.mark.parametrize("name, size, call, dtype, unroll_sums", [
+    ("rms", (3, 16384), "frozen w", torch.bfloat16, True),     # 4 chunks of 4096
+    ("fadd", (3, 12288), "frozen w", torch.float32, True),     # 3 of 4096
+    ("ln", (3, 15360), "trainable", torch.bfloat16, True),     # the dx launch; 4 of 4096, the last partial
+    ("ln", (2, 32768), "all frozen", torch.bfloat16, True),    # 4 of 8192
+    ("gn", (64, 128, 64, 64, 32), "all frozen", torch.bfloat16, True),   # rows of 16384: 4 of 4096
+    ("rms", (3, 20480), "frozen w", torch.bfloat16, False),    # 5 of 4096: over UNROLL_SUMS_MAX_CHUNKS
+    ("ln", (3, 65536), "all frozen", torch.bfloat16, False),   # 4 of 16384: over LONG_CHUNK_MAX
+    ("gn", (64, 96, 64, 64, 32), "all frozen", torch.float16, True),     # rows of 12288
+    ("gn", (16, 512, 64, 64, 32), "all frozen", torch.bfloat16, False)])
+def test_long_row_unroll_sums(name, size, call, dtype, unroll_sums):
+    """The long-row backward unrolls its pass 1 alone (UNROLL_SUMS) where a
+    row has at most UNROLL_SUMS_MAX_CHUNKS chunks of at most LONG_CHUNK_MAX
+    elements. On meta tensors; the row norms' unrolled cases then run against
+    float64 (on a GPU, the unrolled code; GroupNorm's in
+    test_long_row_unroll_sums_group, on a shorter row)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    rec = record_backward(name, size, VARIANTS[name][call], dtype)
+    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    N, block_n = launch.constexprs["N"], launch.constexprs["BLOCK_N"]
+    assert launch.constexprs["UNROLL_SUMS"] == unroll_sums, (N, block_n)
+    assert unroll_sums == (block_n <= fn.LONG_CHUNK_MAX and -(-N // block_n) <= fn.UNROLL_SUMS_MAX_CHUNKS)
+    assert not launch.constexprs["UNROLL"]   # chunks wider than UNROLL_MAX_BLOCK_N: both passes are not
+    if unroll_sums and name != "gn":
+        params = ALL_TRAIN[name] if call == "trainable" else ALL_FROZEN[name]
+        check_op(OPS[name], size, dtype, params, _with_grads(name))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_long_row_unroll_sums_group(dtype, monkeypatch):
+    """GroupNorm's frozen rows with UNROLL_SUMS against float64: two rows of
+    3 x 64 x 64 = 12288 (3 chunks of 4096) through the long-row kernels."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    _group_long_rows_from(64, monkeypatch)
+    shape, groups = (2, 3, 64, 64), 1
+    rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["all frozen"], dtype)
+    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    assert launch.constexprs["UNROLL_SUMS"] and not launch.constexprs["UNROLL"]
+    check_op(OPS["gn"], shape, dtype, ALL_FROZEN["gn"], {"x": True}, groups)
+
+
 @pytest.mark.parametrize("name, size, call, joint", [
     ("ln", (8192, 5120), "trainable", True),      # 16 warps: one program per SM
     ("ln", (8192, 8192), "frozen b", True),
