@@ -42,8 +42,9 @@ What you will learn by reading it
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
   compile-time constant, as torch.compile's generated kernels do; a pass of
-  few chunks unrolled on request (``tl.range(..., loop_unroll_factor=...)``,
-  UNROLL), not left to LLVM, whose choice changed between Triton versions;
+  few chunks, or the backward's first pass alone, unrolled on request
+  (``tl.range(..., loop_unroll_factor=...)``, UNROLL and UNROLL_SUMS), not
+  left to LLVM, whose choice changed between Triton versions;
   and several row sums reduced as one tuple (`tl.reduce` with `_add2`), one
   exchange between warps, where a program is alone on its SM (JOINT).
 * Filling the GPU when a tensor has fewer rows than SMs (GroupNorm, small
