@@ -200,11 +200,12 @@ UNROLL_MAX_CHUNKS = 8
 UNROLL_MAX_BLOCK_N = 2048
 # The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
 # row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
-# (UNROLL_SUMS, `_unrolled_sums`; 12288 to 16384 in chunks of 4096, 24576 and
-# 32768 in chunks of 8192): its loads all issue before the sums, as Triton
-# 3.6's LLVM did unasked in RMSNorm's rows of 16384 but not in LayerNorm's, and
-# Triton 3.8's in neither. Pass 2 unrolled too, five to eight chunks, and
-# chunks of LONG_WIDE_CHUNK_MAX measured slower (NOTES.md, section 6).
+# (UNROLL_SUMS, `_unrolled_sums`: rows of up to 16384 in chunks of 4096, and
+# 24576 and 32768 in chunks of 8192), so that its loads all issue before the
+# sums, as Triton 3.6's LLVM did unasked in RMSNorm's rows of 16384 but not in
+# LayerNorm's, and Triton 3.8's in neither. Both passes unrolled, and chunks
+# of LONG_WIDE_CHUNK_MAX, measured slower; five to eight chunks mixed
+# (NOTES.md, section 6).
 UNROLL_SUMS_MAX_CHUNKS = 4
 
 # --- Padded rows: rows that fill their power-of-two tile poorly --------------
