@@ -1306,6 +1306,25 @@ def test_long_row_unroll_sums(name, size, call, dtype, unroll_sums):
         check_op(OPS[name], size, dtype, params, _with_grads(name))
 
 
+@pytest.mark.parametrize("N, call, dtype, block_n", [
+    (11264, "all frozen", torch.bfloat16, 2048),   # 2.75 chunks of 4096: 5.5 of 2048, unrolled
+    (10241, "trainable", torch.float32, 2048),
+    (12288, "all frozen", torch.bfloat16, 4096),   # 3 whole chunks of 4096: kept
+    (20480, "trainable", torch.bfloat16, 4096)])   # past POLY_ROW_BLOCK_MAX: kept
+def test_poly_unrolled_chunks(N, call, dtype, block_n):
+    """PolyNorm's backward of padded rows whose last chunk of more than
+    UNROLL_MAX_BLOCK_N is partial walks chunks of UNROLL_MAX_BLOCK_N, which
+    UNROLL unrolls (`_poly_unrolled_chunks`). On meta tensors; the changed
+    plans then run against float64."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward("poly", (3, N), VARIANTS["poly"][call], dtype).launches[0]
+    assert launch.name == "_long_poly_norm_bwd_kernel"
+    assert launch.constexprs["BLOCK_N"] == block_n
+    assert launch.constexprs["UNROLL"] == (block_n == fn.UNROLL_MAX_BLOCK_N)
+    if block_n == fn.UNROLL_MAX_BLOCK_N:
+        params = ALL_TRAIN["poly"] if call == "trainable" else ALL_FROZEN["poly"]
+        check_op(OPS["poly"], (3, N), dtype, params, _with_grads("poly"))
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_long_row_unroll_sums_group(dtype, monkeypatch):
     """GroupNorm's frozen rows with UNROLL_SUMS against float64: two rows of
