@@ -365,10 +365,10 @@ POLY_BWD_MAX_REGISTERS = 128
 # the row norms keep their accumulators: a sum across a tile's rows crosses
 # warps. Tiles of fewer rows sum per tile, which measured faster there.
 POLY_ROW_ACCUMULATOR_ROWS = 4
-# PolyNorm's backward of padded rows whose last chunk of 4096 is partial
-# (10241 to 12287) walks chunks of UNROLL_MAX_BLOCK_N instead, six, unrolled
-# (UNROLL: a partial last chunk), not three that stay a loop
-# (`_poly_unrolled_chunks`); no constant of its own.
+# PolyNorm's backward of 16-bit padded rows whose last chunk of 4096 is
+# partial (10241 to 12287) walks chunks of UNROLL_MAX_BLOCK_N instead, six,
+# unrolled (UNROLL: a partial last chunk), not three that stay a loop
+# (`_poly_unrolled_chunks`; fp32 rows measured slower so); no constant of its own.
 
 # --- Programs, warps and pipelines -------------------------------------------
 
@@ -3491,11 +3491,14 @@ def _poly_long_tiling(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
     return t._replace(block_n=min(t.block_n, 32 * LONG_ELEMENTS_PER_THREAD), num_warps=1)
 
 
-def _poly_unrolled_chunks(t: _RowTiling, N: int) -> _RowTiling:
-    """PolyNorm's backward plan `t`, or for a padded row (up to
-    POLY_ROW_BLOCK_MAX) whose last chunk, wider than UNROLL_MAX_BLOCK_N, is
-    partial, chunks of UNROLL_MAX_BLOCK_N, which `_unrolled` unrolls."""
-    if t.one_pass or N > POLY_ROW_BLOCK_MAX or N % t.block_n == 0 or t.block_n <= UNROLL_MAX_BLOCK_N:
+def _poly_unrolled_chunks(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
+    """PolyNorm's backward plan `t` for x's rows, or for a 16-bit padded row
+    (up to POLY_ROW_BLOCK_MAX) whose last chunk, wider than
+    UNROLL_MAX_BLOCK_N, is partial, chunks of UNROLL_MAX_BLOCK_N, which
+    `_unrolled` unrolls."""
+    N = x.shape[-1]
+    if (t.one_pass or x.element_size() != 2 or N > POLY_ROW_BLOCK_MAX or N % t.block_n == 0
+            or t.block_n <= UNROLL_MAX_BLOCK_N):
         return t
     return t._replace(block_n=UNROLL_MAX_BLOCK_N, num_warps=_warps_for(UNROLL_MAX_BLOCK_N, LONG_ELEMENTS_PER_THREAD))
 
@@ -3564,7 +3567,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
                 padded_min=PADDED_SHORT_ROW_MIN)
     t = _few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)   # WHOLE_MAX_CHUNKS
     t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)   # LONG_MIN_CHUNKS, LONG_WIDE_CHUNK_MAX
-    t = _poly_unrolled_chunks(_poly_long_tiling(t, x), N)
+    t = _poly_unrolled_chunks(_poly_long_tiling(t, x), x)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

@@ -1308,11 +1308,12 @@ def test_long_row_unroll_sums(name, size, call, dtype, unroll_sums):
 
 @pytest.mark.parametrize("N, call, dtype, block_n", [
     (11264, "all frozen", torch.bfloat16, 2048),   # 2.75 chunks of 4096: 5.5 of 2048, unrolled
-    (10241, "trainable", torch.float32, 2048),
+    (10241, "trainable", torch.float16, 2048),
+    (11264, "all frozen", torch.float32, 4096),    # fp32 rows: kept
     (12288, "all frozen", torch.bfloat16, 4096),   # 3 whole chunks of 4096: kept
     (20480, "trainable", torch.bfloat16, 4096)])   # past POLY_ROW_BLOCK_MAX: kept
 def test_poly_unrolled_chunks(N, call, dtype, block_n):
-    """PolyNorm's backward of padded rows whose last chunk of more than
+    """PolyNorm's backward of 16-bit padded rows whose last chunk of more than
     UNROLL_MAX_BLOCK_N is partial walks chunks of UNROLL_MAX_BLOCK_N, which
     UNROLL unrolls (`_poly_unrolled_chunks`). On meta tensors; the changed
     plans then run against float64."""
