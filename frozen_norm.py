@@ -3492,10 +3492,10 @@ def _poly_long_tiling(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
 
 
 def _poly_unrolled_chunks(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
-    """PolyNorm's backward plan `t` for x's rows, or for a 16-bit padded row
-    (up to POLY_ROW_BLOCK_MAX) whose last chunk, wider than
-    UNROLL_MAX_BLOCK_N, is partial, chunks of UNROLL_MAX_BLOCK_N, which
-    `_unrolled` unrolls."""
+    """PolyNorm's backward plan `t` for x's rows, or, for 16-bit rows up to
+    POLY_ROW_BLOCK_MAX on the long-row plan (padded ones) whose last chunk,
+    wider than UNROLL_MAX_BLOCK_N, is partial, chunks of UNROLL_MAX_BLOCK_N,
+    which `_unrolled` unrolls (see the rule beside POLY_ROW_ACCUMULATOR_ROWS)."""
     N = x.shape[-1]
     if (t.one_pass or x.element_size() != 2 or N > POLY_ROW_BLOCK_MAX or N % t.block_n == 0
             or t.block_n <= UNROLL_MAX_BLOCK_N):
