@@ -764,6 +764,12 @@ def _wide_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _Row
     return wide if N % wide.block_n == 0 else t
 
 
+def _in_chunks(t: _RowTiling, block_n: int) -> _RowTiling:
+    """The long-row plan `t` in chunks of block_n, on the warps such a chunk
+    takes (LONG_ELEMENTS_PER_THREAD a thread)."""
+    return t._replace(block_n=block_n, num_warps=_warps_for(block_n, LONG_ELEMENTS_PER_THREAD))
+
+
 def _min_chunks(t: _RowTiling, x: torch.Tensor, N: int, min_chunks: Optional[int] = None) -> _RowTiling:
     """The long-row plan `t`, or for x's 16-bit rows of fewer than min_chunks
     (LONG_MIN_CHUNKS unless given) chunks of LONG_CHUNK_MAX (20481 to 24576:
@@ -772,7 +778,7 @@ def _min_chunks(t: _RowTiling, x: torch.Tensor, N: int, min_chunks: Optional[int
     min_chunks = min_chunks or LONG_MIN_CHUNKS
     if t.one_pass or x.element_size() != 2 or t.block_n != LONG_CHUNK_MAX or _cdiv(N, t.block_n) >= min_chunks:
         return t
-    return t._replace(block_n=t.block_n // 2, num_warps=_warps_for(t.block_n // 2, LONG_ELEMENTS_PER_THREAD))
+    return _in_chunks(t, t.block_n // 2)
 
 
 def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
@@ -3500,7 +3506,7 @@ def _poly_unrolled_chunks(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
     if (t.one_pass or x.element_size() != 2 or N > POLY_ROW_BLOCK_MAX or N % t.block_n == 0
             or t.block_n <= UNROLL_MAX_BLOCK_N):
         return t
-    return t._replace(block_n=UNROLL_MAX_BLOCK_N, num_warps=_warps_for(UNROLL_MAX_BLOCK_N, LONG_ELEMENTS_PER_THREAD))
+    return _in_chunks(t, UNROLL_MAX_BLOCK_N)
 
 
 def _tail_block(N: int, t: _RowTiling) -> int:

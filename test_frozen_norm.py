@@ -1306,6 +1306,19 @@ def test_long_row_unroll_sums(name, size, call, dtype, unroll_sums):
         check_op(OPS[name], size, dtype, params, _with_grads(name))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_long_row_unroll_sums_group(dtype, monkeypatch):
+    """GroupNorm's frozen rows with UNROLL_SUMS against float64: two rows of
+    3 x 64 x 64 = 12288 (3 chunks of 4096) through the long-row kernels."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    _group_long_rows_from(64, monkeypatch)
+    shape, groups = (2, 3, 64, 64), 1
+    rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["all frozen"], dtype)
+    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    assert launch.constexprs["UNROLL_SUMS"] and not launch.constexprs["UNROLL"]
+    check_op(OPS["gn"], shape, dtype, ALL_FROZEN["gn"], {"x": True}, groups)
+
+
 @pytest.mark.parametrize("N, call, dtype, block_n", [
     (11264, "all frozen", torch.bfloat16, 2048),   # 2.75 chunks of 4096: 5.5 of 2048, unrolled
     (10241, "trainable", torch.float16, 2048),
@@ -1325,18 +1338,6 @@ def test_poly_unrolled_chunks(N, call, dtype, block_n):
     if block_n == fn.UNROLL_MAX_BLOCK_N:
         params = ALL_TRAIN["poly"] if call == "trainable" else ALL_FROZEN["poly"]
         check_op(OPS["poly"], (3, N), dtype, params, _with_grads("poly"))
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_long_row_unroll_sums_group(dtype, monkeypatch):
-    """GroupNorm's frozen rows with UNROLL_SUMS against float64: two rows of
-    3 x 64 x 64 = 12288 (3 chunks of 4096) through the long-row kernels."""
-    from bench_frozen_norm import VARIANTS, record_backward
-    _group_long_rows_from(64, monkeypatch)
-    shape, groups = (2, 3, 64, 64), 1
-    rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["all frozen"], dtype)
-    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
-    assert launch.constexprs["UNROLL_SUMS"] and not launch.constexprs["UNROLL"]
-    check_op(OPS["gn"], shape, dtype, ALL_FROZEN["gn"], {"x": True}, groups)
 
 
 @pytest.mark.parametrize("name, size, call, joint", [
