@@ -271,10 +271,15 @@ FWD_NARROW_MAX_REGISTERS = 40
 # pre-summed rows and the row norms' fp32 rows. RMSNorm's frozen backward of
 # 16-bit rows up to LONG_BWD_PRESUM_AFTER halves its chunks down to
 # LONG_BWD_SPILL_CHUNK_MIN where that makes them whole (13312 = 13 x 1024).
+# The per-lane rows of whole chunks on 8 warps (10240 = 5 x 2048, 14336) take
+# LONG_BWD_8_WARP_MAX_REGISTERS instead: three programs per SM, not two, and
+# ptxas spills nothing there (4-warp chunks under 96, five programs, and fp32
+# rows under 80 measured slower).
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
+LONG_BWD_8_WARP_MAX_REGISTERS = 80
 # JOINT (a kernel flag). The long-row backwards with several row sums
 # (LayerNorm's and GroupNorm's two, PolyNorm's three or four) reduce them
 # across warps as one tuple, one exchange through shared memory instead of one
@@ -2193,6 +2198,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             high_cap = ((whole_per_lane or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
             cap = LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS
+            if whole_per_lane and t.num_warps == 8:   # LONG_BWD_8_WARP_MAX_REGISTERS: a third program per SM
+                cap = LONG_BWD_8_WARP_MAX_REGISTERS
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,

@@ -1183,38 +1183,44 @@ def test_long_row_backward_register_cap(name):
     assert caps and all(cap is None for cap in caps.values()), caps
 
 
-@pytest.mark.parametrize("name, N, dtype, chunk, high_cap", [
-    ("rms", 5120, torch.bfloat16, 1024, True), ("rms", 10240, torch.float16, 2048, True),   # 5 whole chunks
-    ("fadd", 14336, torch.bfloat16, 2048, True),     # 7 whole chunks of 2048
-    ("rms", 13312, torch.bfloat16, 1024, True),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
-    ("fadd", 13312, torch.bfloat16, 2048, False),    # FusedAdd's 6 chunks of 2048 and a partial one
-    ("rms", 12800, torch.bfloat16, 2048, False),     # 1024 would leave a partial chunk: one halving
-    ("rms", 13312, torch.float32, 2048, True),       # fp32: one halving, the higher cap
-    ("rms", 10240, torch.float32, 2048, True),
-    ("ln", 12288, torch.float32, 4096, True),
-    ("fadd", 32768, torch.float32, 8192, False),     # 32 warps: 128 registers each would not fit an SM
-    ("rms", 12288, torch.bfloat16, 4096, False),     # 3 chunks
-    ("rms", 4608, torch.bfloat16, 512, False),       # 9 chunks of 512
-    ("ln", 10240, torch.bfloat16, 2048, False),      # two sums, pre-summed
-    ("rms", 20480, torch.bfloat16, 4096, True),      # pre-summed (past LONG_BWD_PRESUM_AFTER), 16 warps
-    ("rms", 28672, torch.float32, 4096, True),
-    ("fadd", 20480, torch.bfloat16, 4096, False),    # FusedAdd's pre-summed rows keep the cap
-    ("rms", 40960, torch.bfloat16, 8192, False)])    # 32 warps: 128 registers each would not fit an SM
-def test_long_row_backward_spill_cap(name, N, dtype, chunk, high_cap):
+HIGH, LOW, EIGHT = fn.LONG_BWD_SPILL_MAX_REGISTERS, fn.LONG_BWD_MAX_REGISTERS, fn.LONG_BWD_8_WARP_MAX_REGISTERS
+
+
+@pytest.mark.parametrize("name, N, dtype, chunk, cap", [
+    ("rms", 5120, torch.bfloat16, 1024, HIGH),       # 5 whole chunks of 1024 (4 warps)
+    ("rms", 10240, torch.float16, 2048, EIGHT),      # 5 whole chunks of 2048 (8 warps): a third program per SM
+    ("fadd", 14336, torch.bfloat16, 2048, EIGHT),    # 7 whole chunks of 2048
+    ("rms", 13312, torch.bfloat16, 1024, HIGH),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
+    ("fadd", 13312, torch.bfloat16, 2048, LOW),      # FusedAdd's 6 chunks of 2048 and a partial one
+    ("rms", 12800, torch.bfloat16, 2048, LOW),       # 1024 would leave a partial chunk: one halving
+    ("rms", 13312, torch.float32, 2048, HIGH),       # fp32: one halving, the higher cap, on 8 warps too
+    ("rms", 10240, torch.float32, 2048, HIGH),
+    ("ln", 12288, torch.float32, 4096, HIGH),
+    ("fadd", 32768, torch.float32, 8192, LOW),       # 32 warps: 128 registers each would not fit an SM
+    ("rms", 12288, torch.bfloat16, 4096, LOW),       # 3 chunks
+    ("rms", 4608, torch.bfloat16, 512, LOW),         # 9 chunks of 512
+    ("ln", 10240, torch.bfloat16, 2048, LOW),        # two sums, pre-summed
+    ("rms", 20480, torch.bfloat16, 4096, HIGH),      # pre-summed (past LONG_BWD_PRESUM_AFTER), 16 warps
+    ("rms", 18432, torch.bfloat16, 2048, HIGH),      # pre-summed on 8 warps: not per lane
+    ("rms", 28672, torch.float32, 4096, HIGH),
+    ("fadd", 20480, torch.bfloat16, 4096, LOW),      # FusedAdd's pre-summed rows keep the cap
+    ("rms", 40960, torch.bfloat16, 8192, LOW)])      # 32 warps: 128 registers each would not fit an SM
+def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap):
     """RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
     elements or more, RMSNorm's on pre-summed rows and every fp32 row, in
     chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS
-    instead of LONG_BWD_MAX_REGISTERS (see that constant); RMSNorm's frozen one
+    instead of LONG_BWD_MAX_REGISTERS (see that constant), the per-lane
+    rows on 8 warps with LONG_BWD_8_WARP_MAX_REGISTERS; RMSNorm's frozen one
     halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
-    less and leaves whole chunks. On a GPU the variants with the higher cap
+    less and leaves whole chunks. On a GPU the variants with a raised cap
     compile and run, checked against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"], dtype)
     (launch,) = rec.launches
     assert launch.name == "_long_row_norm_bwd_kernel" and launch.constexprs["BLOCK_N"] == chunk
-    assert launch.maxnreg == (fn.LONG_BWD_SPILL_MAX_REGISTERS if high_cap else fn.LONG_BWD_MAX_REGISTERS)
-    if high_cap:
+    assert launch.maxnreg == cap
+    if cap != LOW:
         check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
 
 
