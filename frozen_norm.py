@@ -181,7 +181,8 @@ LONG_ELEMENTS_PER_THREAD = 8
 # The forwards with several row sums and the long-row backwards of RMSNorm,
 # LayerNorm and PolyNorm halve the chunks of 16-bit rows further, down to
 # LONG_CHUNK_MIN, where that makes at most this many whole ones: 18432 = 9 x
-# 2048, not 5 x 4096 with the last half empty.
+# 2048, not 5 x 4096 with the last half empty. Not where UNROLL unrolls the
+# partial last chunk (below): 9216 stays 4.5 x 2048, not 9 x 1024 in a loop.
 WHOLE_MAX_CHUNKS = 9
 # Chunks of up to this many elements (16 a thread on MAX_WARPS) for 16-bit rows
 # they fit whole (49152 = 3 x 16384), in the long-row forwards with one row sum
@@ -753,8 +754,11 @@ def _whole_chunks(t: _RowTiling, M: int, N: int, long_floor: int, max_chunks: Op
 
 def _few_whole_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _RowTiling:
     """`_whole_chunks` by the rule of WHOLE_MAX_CHUNKS: for x's 16-bit rows,
-    at most that many whole chunks, down to LONG_CHUNK_MIN."""
-    return _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan) if x.element_size() == 2 else t
+    at most that many whole chunks, down to LONG_CHUNK_MIN, but where the
+    passes over `t`'s chunks are unrolled (`_unrolled`)."""
+    if x.element_size() != 2 or t.one_pass or _unrolled(N, t.block_n):
+        return t
+    return _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
 
 
 def _wide_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _RowTiling:

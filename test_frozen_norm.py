@@ -450,14 +450,17 @@ def _first_launch(name, call, size, dtype):
 
 
 # (op, the first launch of: "forward" or a backward variant, N, dtype, its chunk)
-# WHOLE_MAX_CHUNKS: halving further where that leaves at most that many whole chunks.
+# WHOLE_MAX_CHUNKS: halving further where that leaves at most that many whole
+# chunks, but not where UNROLL unrolls the plan's partial last chunk.
 WHOLE_CHUNK_CASES = [
-    ("poly", "forward", 4608, torch.bfloat16, 512), ("poly", "forward", 9216, torch.float16, 1024),   # 9 whole
-    ("poly", "forward", 18432, torch.bfloat16, 2048), ("ln", "forward", 9216, torch.bfloat16, 1024),
-    ("ln", "forward", 18432, torch.float16, 2048), ("ln", "all frozen", 9216, torch.bfloat16, 1024),
+    ("poly", "forward", 18432, torch.bfloat16, 2048), ("ln", "forward", 18432, torch.float16, 2048),   # 9 whole
     ("ln", "all frozen", 18432, torch.bfloat16, 2048), ("rms", "frozen w", 18432, torch.bfloat16, 2048),
     ("poly", "all frozen", 18432, torch.bfloat16, 2048), ("rms", "trainable", 18432, torch.float16, 2048),
-    ("ln", "trainable", 9216, torch.bfloat16, 1024), ("poly", "trainable", 18432, torch.bfloat16, 2048),
+    ("poly", "trainable", 18432, torch.bfloat16, 2048),
+    ("poly", "forward", 4608, torch.bfloat16, 1024),     # 4.5 x 1024, unrolled: not 9 x 512
+    ("poly", "forward", 9216, torch.float16, 2048),      # 4.5 x 2048, unrolled: not 9 x 1024
+    ("ln", "forward", 9216, torch.bfloat16, 2048), ("ln", "all frozen", 9216, torch.bfloat16, 2048),
+    ("ln", "trainable", 9216, torch.bfloat16, 2048),
     ("poly", "forward", 6656, torch.bfloat16, 1024),     # 13 x 512 would be whole: more than WHOLE_MAX_CHUNKS
     ("ln", "all frozen", 13312, torch.bfloat16, 2048),   # 13 x 1024
     ("poly", "forward", 12800, torch.bfloat16, 2048),    # no halving makes whole chunks (25 x 512)
@@ -501,8 +504,9 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     """The long-row plans' chunk rules on 16-bit rows. WHOLE_MAX_CHUNKS: the
     forwards of LayerNorm and PolyNorm and the backwards of RMSNorm,
     LayerNorm and PolyNorm, frozen or trained, halve their chunks further
-    where that leaves at most that many whole ones; else one halving (the
-    last chunk partial). LONG_WIDE_CHUNK_MAX: the forwards with one row sum
+    where that leaves at most that many whole ones, but not where UNROLL
+    unrolls the partial last chunk of the plan before; else one halving
+    (the last chunk partial). LONG_WIDE_CHUNK_MAX: the forwards with one row sum
     (RMSNorm's, FusedAdd's) and the backwards with several (LayerNorm's,
     PolyNorm's) take chunks of that length where they fit the row whole; the
     others keep LONG_CHUNK_MAX. LONG_MIN_CHUNKS: the backwards with several
