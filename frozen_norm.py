@@ -337,9 +337,14 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # --- PolyNorm ----------------------------------------------------------------
 
 # PolyNorm's forward keeps whole rows in a tile up to POLY_FWD_ROW_BLOCK_MAX
-# (longer ones take the long-row plan); its backward up to POLY_ROW_BLOCK_MAX,
-# since its dw sums are scalars, not an N-wide accumulator (longer ones:
-# `_long_poly_norm_bwd_kernel`).
+# (longer ones take the long-row plan); its backward with dw or db up to
+# POLY_ROW_BLOCK_MAX, since its dw sums are scalars, not an N-wide accumulator
+# (longer ones: `_long_poly_norm_bwd_kernel`). Without dw and db, 16-bit rows
+# take the long-row plan past ROW_BLOCK_MAX, as the row norms' do: a tile of
+# 16384 is one 16-warp program per SM (fp32 rows of 12800 to 14336 measured
+# slower so). Trained 16-bit rows past ROW_BLOCK_MAX that fill the tile
+# poorly halve their chunks down to UNROLL_MAX_BLOCK_N only, whose partial
+# last chunk UNROLL unrolls (9216 = 4.5 x 2048, not 9 x 1024 in a loop).
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
 # 16-bit rows up to this length on PolyNorm's long-row plan, but powers of two
@@ -372,7 +377,8 @@ POLY_BWD_MAX_REGISTERS = 128
 # warps. Tiles of fewer rows sum per tile, which measured faster there.
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # PolyNorm's backward of 16-bit padded rows whose last chunk of 4096 is
-# partial (10241 to 12287) walks chunks of UNROLL_MAX_BLOCK_N instead, six,
+# partial (10241 to 12287; frozen, 14337 to 16383 too: its long-row plan
+# above) walks chunks of UNROLL_MAX_BLOCK_N instead, six (to eight),
 # unrolled (UNROLL: a partial last chunk), not three that stay a loop
 # (`_poly_unrolled_chunks`; fp32 rows measured slower so); no constant of its own.
 
@@ -3109,7 +3115,8 @@ class GroupNorm(torch.nn.GroupNorm):
 #
 # Rows longer than POLY_FWD_ROW_BLOCK_MAX (1024): the forward is section 4's
 # long-row forward with three per-lane (or per-group) sums. The backward holds
-# rows up to POLY_ROW_BLOCK_MAX in a tile; longer ones take section 4's
+# rows up to POLY_ROW_BLOCK_MAX in a tile (frozen 16-bit ones up to
+# ROW_BLOCK_MAX, see the constant); longer ones take section 4's
 # long-row backward with three or four per-group sums (dy * x^k, and dy for
 # db), and one row's sums are its own dw/db partials: an (M, 4) scratch.
 # Both kernels do several times the row norms' arithmetic per element loaded,
@@ -3350,7 +3357,7 @@ def _long_poly_norm_bwd_kernel(
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, JOINT: tl.constexpr,
     UNROLL: tl.constexpr,
 ):
-    """PolyNorm backward of rows longer than POLY_ROW_BLOCK_MAX: the delta on
+    """PolyNorm backward of rows past its tile (POLY_ROW_BLOCK_MAX): the delta on
     `_long_poly_norm_fwd_kernel` that `_long_row_norm_bwd_kernel` is on the
     row norms' long forward. Pass 1 sums dy * x^k (k = 1, 2, 3) and dy per
     group of PRESUM elements and reduces them once at the end; pass 2 reads x
@@ -3447,7 +3454,7 @@ def _poly_norm_bwd_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
     ROW_ACCUMULATORS: tl.constexpr,
 ):
-    """PolyNorm backward of rows up to POLY_ROW_BLOCK_MAX: dx (see section 8),
+    """PolyNorm backward of rows up to its tile (POLY_ROW_BLOCK_MAX): dx (see section 8),
     and per-program sums for dw and db.
 
     Grid: (P,), program p takes tiles p, p + P, ... of ROWS whole rows as
@@ -3510,9 +3517,10 @@ def _poly_long_tiling(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
 
 def _poly_unrolled_chunks(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
     """PolyNorm's backward plan `t` for x's rows, or, for 16-bit rows up to
-    POLY_ROW_BLOCK_MAX on the long-row plan (padded ones) whose last chunk,
-    wider than UNROLL_MAX_BLOCK_N, is partial, chunks of UNROLL_MAX_BLOCK_N,
-    which `_unrolled` unrolls (see the rule beside POLY_ROW_ACCUMULATOR_ROWS)."""
+    POLY_ROW_BLOCK_MAX on the long-row plan (padded ones; frozen ones past
+    ROW_BLOCK_MAX) whose last chunk, wider than UNROLL_MAX_BLOCK_N, is
+    partial, chunks of UNROLL_MAX_BLOCK_N, which `_unrolled` unrolls (see
+    the rule beside POLY_ROW_ACCUMULATOR_ROWS)."""
     N = x.shape[-1]
     if (t.one_pass or x.element_size() != 2 or N > POLY_ROW_BLOCK_MAX or N % t.block_n == 0
             or t.block_n <= UNROLL_MAX_BLOCK_N):
@@ -3580,8 +3588,9 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=POLY_ROW_BLOCK_MAX, padded_long=True,
-                padded_min=PADDED_SHORT_ROW_MIN)
+    wide = x.element_size() == 2 and N > ROW_BLOCK_MAX   # 16-bit rows past the row norms' tiles
+    plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=ROW_BLOCK_MAX if wide and not trains else POLY_ROW_BLOCK_MAX,
+                padded_long=True, padded_min=PADDED_SHORT_ROW_MIN, padded_floor=UNROLL_MAX_BLOCK_N if wide else None)
     t = _few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)   # WHOLE_MAX_CHUNKS
     t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)   # LONG_MIN_CHUNKS, LONG_WIDE_CHUNK_MAX
     t = _poly_unrolled_chunks(_poly_long_tiling(t, x), x)

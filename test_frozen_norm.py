@@ -1350,6 +1350,36 @@ def test_poly_unrolled_chunks(N, call, dtype, block_n):
         check_op(OPS["poly"], (3, N), dtype, params, _with_grads("poly"))
 
 
+@pytest.mark.parametrize("N, call, dtype, block_n", [
+    (14336, "all frozen", torch.bfloat16, 2048),   # frozen past ROW_BLOCK_MAX: the long-row plan, 7 x 2048
+    (16384, "all frozen", torch.float16, 4096),
+    (12800, "all frozen", torch.bfloat16, 2048),   # 6.25 x 2048, unrolled
+    (9216, "trainable", torch.bfloat16, 2048),     # trained, padded: 4.5 x 2048 (UNROLL_MAX_BLOCK_N), not 9 x 1024
+    (8704, "no dx", torch.bfloat16, 2048),         # not 17 x 512
+    (8448, "frozen w", torch.float16, 2048),
+    (14336, "trainable", torch.bfloat16, None),    # trained, filling the tile: kept in it
+    (8192, "all frozen", torch.bfloat16, None),    # not past ROW_BLOCK_MAX: the tile
+    (14336, "all frozen", torch.float32, None),    # fp32 rows keep their plans
+    (9216, "trainable", torch.float32, 1024)])
+def test_poly_long_plan(N, call, dtype, block_n):
+    """PolyNorm's frozen backward of 16-bit rows past ROW_BLOCK_MAX takes the
+    long-row plan, as the row norms' do, and its trained 16-bit rows past it
+    that fill the tile of POLY_ROW_BLOCK_MAX poorly halve their chunks down to
+    UNROLL_MAX_BLOCK_N only; fp32 rows keep their plans (block_n None: the
+    tile). On meta tensors; the changed plans then run against float64."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    launch = record_backward("poly", (3, N), VARIANTS["poly"][call], dtype).launches[0]
+    if block_n is None:
+        assert launch.name == "_poly_norm_bwd_kernel"
+        return
+    assert launch.name == "_long_poly_norm_bwd_kernel" and launch.constexprs["BLOCK_N"] == block_n
+    assert launch.constexprs["UNROLL"] == (block_n == fn.UNROLL_MAX_BLOCK_N)
+    if dtype != torch.float32:
+        params = {"weight": TRAIN if VARIANTS["poly"][call]["dw"] else FROZEN,
+                  "bias": TRAIN if VARIANTS["poly"][call]["db"] else FROZEN}
+        check_op(OPS["poly"], (3, N), dtype, params, {"x": bool(VARIANTS["poly"][call]["dx"])})
+
+
 @pytest.mark.parametrize("name, size, call, joint", [
     ("ln", (8192, 5120), "trainable", True),      # 16 warps: one program per SM
     ("ln", (8192, 8192), "frozen b", True),
