@@ -379,7 +379,10 @@ POLY_ROW_ACCUMULATOR_ROWS = 4
 # PolyNorm's backward of 16-bit padded rows whose last chunk of 4096 is
 # partial (10241 to 12287; frozen, 14337 to 16383 too: its long-row plan
 # above) walks chunks of UNROLL_MAX_BLOCK_N instead, six (to eight),
-# unrolled (UNROLL: a partial last chunk), not three that stay a loop
+# unrolled (UNROLL: a partial last chunk), not three that stay a loop; and
+# its frozen backward of rows of more than UNROLL_MAX_CHUNKS whole chunks
+# walks chunks twice as long, the last one partial and unrolled (4608 = 4.5 x
+# 1024, not 9 x 512; trained, that measured slower under Triton 3.6)
 # (`_poly_unrolled_chunks`; fp32 rows measured slower so); no constant of its own.
 
 # --- Programs, warps and pipelines -------------------------------------------
@@ -3515,17 +3518,23 @@ def _poly_long_tiling(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
     return t._replace(block_n=min(t.block_n, 32 * LONG_ELEMENTS_PER_THREAD), num_warps=1)
 
 
-def _poly_unrolled_chunks(t: _RowTiling, x: torch.Tensor) -> _RowTiling:
+def _poly_unrolled_chunks(t: _RowTiling, x: torch.Tensor, trains: bool) -> _RowTiling:
     """PolyNorm's backward plan `t` for x's rows, or, for 16-bit rows up to
     POLY_ROW_BLOCK_MAX on the long-row plan (padded ones; frozen ones past
-    ROW_BLOCK_MAX) whose last chunk, wider than UNROLL_MAX_BLOCK_N, is
-    partial, chunks of UNROLL_MAX_BLOCK_N, which `_unrolled` unrolls (see
-    the rule beside POLY_ROW_ACCUMULATOR_ROWS)."""
+    ROW_BLOCK_MAX), chunks that `_unrolled` unrolls (see the rule beside
+    POLY_ROW_ACCUMULATOR_ROWS): where the last chunk, wider than
+    UNROLL_MAX_BLOCK_N, is partial, chunks of UNROLL_MAX_BLOCK_N; frozen,
+    where more than UNROLL_MAX_CHUNKS whole chunks of at least LONG_CHUNK_MIN
+    would stay a loop, chunks twice as long, the last one partial."""
     N = x.shape[-1]
-    if (t.one_pass or x.element_size() != 2 or N > POLY_ROW_BLOCK_MAX or N % t.block_n == 0
-            or t.block_n <= UNROLL_MAX_BLOCK_N):
+    if t.one_pass or x.element_size() != 2 or N > POLY_ROW_BLOCK_MAX:
         return t
-    return _in_chunks(t, UNROLL_MAX_BLOCK_N)
+    if N % t.block_n and t.block_n > UNROLL_MAX_BLOCK_N:
+        return _in_chunks(t, UNROLL_MAX_BLOCK_N)
+    if (not trains and not _unrolled(N, t.block_n) and t.block_n >= LONG_CHUNK_MIN
+            and _unrolled(N, 2 * t.block_n) and N % (2 * t.block_n)):
+        return _in_chunks(t, 2 * t.block_n)
+    return t
 
 
 def _tail_block(N: int, t: _RowTiling) -> int:
@@ -3593,7 +3602,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
                 padded_long=True, padded_min=PADDED_SHORT_ROW_MIN, padded_floor=UNROLL_MAX_BLOCK_N if wide else None)
     t = _few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)   # WHOLE_MAX_CHUNKS
     t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)   # LONG_MIN_CHUNKS, LONG_WIDE_CHUNK_MAX
-    t = _poly_unrolled_chunks(_poly_long_tiling(t, x), x)
+    t = _poly_unrolled_chunks(_poly_long_tiling(t, x), x, trains)
     if t.one_pass:
         # Tiled as the row norms' backward, but always on a persistent grid,
         # frozen too: this kernel holds x, dy and the powers of x, too many

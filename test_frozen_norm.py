@@ -1329,23 +1329,30 @@ def test_long_row_unroll_sums_group(dtype, monkeypatch):
     check_op(OPS["gn"], shape, dtype, ALL_FROZEN["gn"], {"x": True}, groups)
 
 
-@pytest.mark.parametrize("N, call, dtype, block_n", [
-    (11264, "all frozen", torch.bfloat16, 2048),   # 2.75 chunks of 4096: 5.5 of 2048, unrolled
-    (10241, "trainable", torch.float16, 2048),
-    (11264, "all frozen", torch.float32, 4096),    # fp32 rows: kept
-    (12288, "all frozen", torch.bfloat16, 4096),   # 3 whole chunks of 4096: kept
-    (20480, "trainable", torch.bfloat16, 4096)])   # past POLY_ROW_BLOCK_MAX: kept
-def test_poly_unrolled_chunks(N, call, dtype, block_n):
+@pytest.mark.parametrize("N, call, dtype, block_n, unroll", [
+    (11264, "all frozen", torch.bfloat16, 2048, True),   # 2.75 chunks of 4096: 5.5 of 2048, unrolled
+    (10241, "trainable", torch.float16, 2048, True),
+    (11264, "all frozen", torch.float32, 4096, False),   # fp32 rows: kept
+    (12288, "all frozen", torch.bfloat16, 4096, False),  # 3 whole chunks of 4096: kept
+    (20480, "trainable", torch.bfloat16, 4096, False),   # past POLY_ROW_BLOCK_MAX: kept
+    (4608, "all frozen", torch.bfloat16, 1024, True),    # frozen, 9 whole chunks of 512: 4.5 of 1024
+    (4608, "trainable", torch.bfloat16, 512, False),     # trained: kept
+    (4608, "all frozen", torch.float32, 512, False),
+    (4352, "all frozen", torch.bfloat16, 512, True),     # 8.5 chunks of 512: unrolled already
+    (2304, "all frozen", torch.bfloat16, 256, False)])   # one-warp chunks (POLY_WARP_ROW_MAX): kept
+def test_poly_unrolled_chunks(N, call, dtype, block_n, unroll):
     """PolyNorm's backward of 16-bit padded rows whose last chunk of more than
-    UNROLL_MAX_BLOCK_N is partial walks chunks of UNROLL_MAX_BLOCK_N, which
-    UNROLL unrolls (`_poly_unrolled_chunks`). On meta tensors; the changed
-    plans then run against float64."""
+    UNROLL_MAX_BLOCK_N is partial walks chunks of UNROLL_MAX_BLOCK_N, and its
+    frozen backward of rows of more than UNROLL_MAX_CHUNKS whole chunks
+    walks chunks twice as long, both of which UNROLL unrolls
+    (`_poly_unrolled_chunks`). On meta tensors; the unrolled plans then run
+    against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     launch = record_backward("poly", (3, N), VARIANTS["poly"][call], dtype).launches[0]
     assert launch.name == "_long_poly_norm_bwd_kernel"
     assert launch.constexprs["BLOCK_N"] == block_n
-    assert launch.constexprs["UNROLL"] == (block_n == fn.UNROLL_MAX_BLOCK_N)
-    if block_n == fn.UNROLL_MAX_BLOCK_N:
+    assert launch.constexprs["UNROLL"] == unroll
+    if unroll:
         params = ALL_TRAIN["poly"] if call == "trainable" else ALL_FROZEN["poly"]
         check_op(OPS["poly"], (3, N), dtype, params, _with_grads("poly"))
 
