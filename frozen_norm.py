@@ -275,12 +275,16 @@ FWD_NARROW_MAX_REGISTERS = 40
 # The per-lane rows of whole chunks on 8 warps (10240 = 5 x 2048, 14336) take
 # LONG_BWD_8_WARP_MAX_REGISTERS instead: three programs per SM, not two, and
 # ptxas spills nothing there (4-warp chunks under 96, five programs, and fp32
-# rows under 80 measured slower).
+# rows under 80 measured slower). So do the 16-bit rows on 8 warps whose
+# passes are unrolled over at least LONG_BWD_8_WARP_MIN_CHUNKS chunks (12289
+# to 14336, PolyNorm's too), which ptxas spills under 64; with fewer chunks
+# it does not, and four programs per SM measured faster than three.
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
 LONG_BWD_8_WARP_MAX_REGISTERS = 80
+LONG_BWD_8_WARP_MIN_CHUNKS = 7
 # JOINT (a kernel flag). The long-row backwards with several row sums
 # (LayerNorm's and GroupNorm's two, PolyNorm's three or four) reduce them
 # across warps as one tuple, one exchange through shared memory instead of one
@@ -662,6 +666,14 @@ def _unrolled(N: int, block_n: int) -> bool:
     """UNROLL of a long-row kernel in chunks of block_n: its passes unrolled
     whole (UNROLL_MAX_BLOCK_N, UNROLL_MAX_CHUNKS)."""
     return block_n <= UNROLL_MAX_BLOCK_N and (N % block_n > 0 or N // block_n <= UNROLL_MAX_CHUNKS)
+
+
+def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int) -> bool:
+    """Whether the long-row backward of x's rows in `t`'s chunks takes
+    LONG_BWD_8_WARP_MAX_REGISTERS for being unrolled (`_unrolled`) over at
+    least LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps, 16-bit."""
+    return (t.num_warps == 8 and x.element_size() == 2 and _unrolled(N, t.block_n)
+            and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
 
 
 def _unrolled_sums(N: int, block_n: int) -> bool:
@@ -2211,7 +2223,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             high_cap = ((whole_per_lane or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
             cap = LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS
-            if whole_per_lane and t.num_warps == 8:   # LONG_BWD_8_WARP_MAX_REGISTERS: a third program per SM
+            if t.num_warps == 8 and (whole_per_lane or _eight_warp_cap(t, x, N)):   # three programs per SM
                 cap = LONG_BWD_8_WARP_MAX_REGISTERS
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
@@ -3625,12 +3637,12 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         # One row per program, the row norms' long-row plan; a row's sums are
         # its dw/db summands, so the scratch is (M, 4).
         partial = torch.empty((M, 4), dtype=torch.float32, device=x.device) if trains else None
+        cap = LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N) else LONG_BWD_MAX_REGISTERS
         _long_poly_norm_bwd_kernel[(M,)](
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
             N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            JOINT=_holds_sm(t.num_warps, LONG_BWD_MAX_REGISTERS), UNROLL=_unrolled(N, t.block_n),
-            num_warps=t.num_warps, maxnreg=LONG_BWD_MAX_REGISTERS)
+            JOINT=_holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps, maxnreg=cap)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
 

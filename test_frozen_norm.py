@@ -1195,8 +1195,10 @@ HIGH, LOW, EIGHT = fn.LONG_BWD_SPILL_MAX_REGISTERS, fn.LONG_BWD_MAX_REGISTERS, f
     ("rms", 10240, torch.float16, 2048, EIGHT),      # 5 whole chunks of 2048 (8 warps): a third program per SM
     ("fadd", 14336, torch.bfloat16, 2048, EIGHT),    # 7 whole chunks of 2048
     ("rms", 13312, torch.bfloat16, 1024, HIGH),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
-    ("fadd", 13312, torch.bfloat16, 2048, LOW),      # FusedAdd's 6 chunks of 2048 and a partial one
-    ("rms", 12800, torch.bfloat16, 2048, LOW),       # 1024 would leave a partial chunk: one halving
+    ("fadd", 13312, torch.bfloat16, 2048, EIGHT),    # 6.5 chunks of 2048, unrolled: 7 or more on 8 warps
+    ("rms", 12800, torch.bfloat16, 2048, EIGHT),     # (1024 would leave a partial chunk: one halving)
+    ("ln", 14336, torch.float16, 2048, EIGHT),       # two sums, 7 chunks
+    ("fadd", 9216, torch.bfloat16, 2048, LOW),       # 4.5 chunks of 2048: fewer than 7
     ("rms", 13312, torch.float32, 2048, HIGH),       # fp32: one halving, the higher cap, on 8 warps too
     ("rms", 10240, torch.float32, 2048, HIGH),
     ("ln", 12288, torch.float32, 4096, HIGH),
@@ -1215,7 +1217,9 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap):
     elements or more, RMSNorm's on pre-summed rows and every fp32 row, in
     chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS
     instead of LONG_BWD_MAX_REGISTERS (see that constant), the per-lane
-    rows on 8 warps with LONG_BWD_8_WARP_MAX_REGISTERS; RMSNorm's frozen one
+    rows on 8 warps, and 16-bit rows unrolled over at least
+    LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps, with
+    LONG_BWD_8_WARP_MAX_REGISTERS; RMSNorm's frozen one
     halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
     less and leaves whole chunks. On a GPU the variants with a raised cap
     compile and run, checked against float64."""
@@ -1373,7 +1377,9 @@ def test_poly_long_plan(N, call, dtype, block_n):
     long-row plan, as the row norms' do, and its trained 16-bit rows past it
     that fill the tile of POLY_ROW_BLOCK_MAX poorly halve their chunks down to
     UNROLL_MAX_BLOCK_N only; fp32 rows keep their plans (block_n None: the
-    tile). On meta tensors; the changed plans then run against float64."""
+    tile). Unrolled over LONG_BWD_8_WARP_MIN_CHUNKS or more chunks of 8 warps,
+    it launches with LONG_BWD_8_WARP_MAX_REGISTERS. On meta tensors; the
+    changed plans then run against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     launch = record_backward("poly", (3, N), VARIANTS["poly"][call], dtype).launches[0]
     if block_n is None:
@@ -1381,6 +1387,8 @@ def test_poly_long_plan(N, call, dtype, block_n):
         return
     assert launch.name == "_long_poly_norm_bwd_kernel" and launch.constexprs["BLOCK_N"] == block_n
     assert launch.constexprs["UNROLL"] == (block_n == fn.UNROLL_MAX_BLOCK_N)
+    eight = launch.num_warps == 8 and -(-N // block_n) >= fn.LONG_BWD_8_WARP_MIN_CHUNKS and dtype != torch.float32
+    assert launch.maxnreg == (fn.LONG_BWD_8_WARP_MAX_REGISTERS if eight else fn.LONG_BWD_MAX_REGISTERS)
     if dtype != torch.float32:
         params = {"weight": TRAIN if VARIANTS["poly"][call]["dw"] else FROZEN,
                   "bias": TRAIN if VARIANTS["poly"][call]["db"] else FROZEN}
