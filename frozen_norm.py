@@ -346,8 +346,8 @@ RESIDUAL_ROW_BLOCK_MAX = 32768
 # (longer ones: `_long_poly_norm_bwd_kernel`). Without dw and db, 16-bit rows
 # take the long-row plan past ROW_BLOCK_MAX, as the row norms' do: a tile of
 # 16384 is one 16-warp program per SM (fp32 rows of 12800 to 14336 measured
-# slower so). Trained 16-bit rows past ROW_BLOCK_MAX that fill the tile
-# poorly halve their chunks down to UNROLL_MAX_BLOCK_N only, whose partial
+# slower so). Rows past ROW_BLOCK_MAX that fill the tile poorly (trained, or
+# fp32) halve their chunks down to UNROLL_MAX_BLOCK_N only, whose partial
 # last chunk UNROLL unrolls (9216 = 4.5 x 2048, not 9 x 1024 in a loop).
 POLY_FWD_ROW_BLOCK_MAX = 1024
 POLY_ROW_BLOCK_MAX = 16384
@@ -3609,9 +3609,10 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
     dx_stride = N if compute_dx else 0
-    wide = x.element_size() == 2 and N > ROW_BLOCK_MAX   # 16-bit rows past the row norms' tiles
-    plan = dict(backward=N <= ROW_BLOCK_MAX, block_max=ROW_BLOCK_MAX if wide and not trains else POLY_ROW_BLOCK_MAX,
-                padded_long=True, padded_min=PADDED_SHORT_ROW_MIN, padded_floor=UNROLL_MAX_BLOCK_N if wide else None)
+    wide = N > ROW_BLOCK_MAX   # rows past the row norms' tiles
+    plan = dict(backward=not wide, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN,
+                block_max=ROW_BLOCK_MAX if wide and not trains and x.element_size() == 2 else POLY_ROW_BLOCK_MAX,
+                padded_floor=UNROLL_MAX_BLOCK_N if wide else None)
     t = _few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan)   # WHOLE_MAX_CHUNKS
     t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)   # LONG_MIN_CHUNKS, LONG_WIDE_CHUNK_MAX
     t = _poly_unrolled_chunks(_poly_long_tiling(t, x), x, trains)

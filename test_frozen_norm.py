@@ -1370,16 +1370,18 @@ def test_poly_unrolled_chunks(N, call, dtype, block_n, unroll):
     (8448, "frozen w", torch.float16, 2048),
     (14336, "trainable", torch.bfloat16, None),    # trained, filling the tile: kept in it
     (8192, "all frozen", torch.bfloat16, None),    # not past ROW_BLOCK_MAX: the tile
-    (14336, "all frozen", torch.float32, None),    # fp32 rows keep their plans
-    (9216, "trainable", torch.float32, 1024)])
+    (14336, "all frozen", torch.float32, None),    # fp32 frozen rows keep the tile,
+    (9216, "trainable", torch.float32, 2048),      # and halve their padded rows' chunks as 16-bit ones do
+    (8704, "all frozen", torch.float32, 2048)])
 def test_poly_long_plan(N, call, dtype, block_n):
     """PolyNorm's frozen backward of 16-bit rows past ROW_BLOCK_MAX takes the
     long-row plan, as the row norms' do, and its trained 16-bit rows past it
     that fill the tile of POLY_ROW_BLOCK_MAX poorly halve their chunks down to
-    UNROLL_MAX_BLOCK_N only; fp32 rows keep their plans (block_n None: the
-    tile). Unrolled over LONG_BWD_8_WARP_MIN_CHUNKS or more chunks of 8 warps,
-    it launches with LONG_BWD_8_WARP_MAX_REGISTERS. On meta tensors; the
-    changed plans then run against float64."""
+    UNROLL_MAX_BLOCK_N only, as do fp32 rows, frozen or not; frozen fp32 rows
+    that fill the tile keep it (block_n None: the tile). Unrolled over
+    LONG_BWD_8_WARP_MIN_CHUNKS or more chunks of 8 warps, it launches with
+    LONG_BWD_8_WARP_MAX_REGISTERS. On meta tensors; the changed plans then
+    run against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     launch = record_backward("poly", (3, N), VARIANTS["poly"][call], dtype).launches[0]
     if block_n is None:
@@ -1389,10 +1391,9 @@ def test_poly_long_plan(N, call, dtype, block_n):
     assert launch.constexprs["UNROLL"] == (block_n == fn.UNROLL_MAX_BLOCK_N)
     eight = launch.num_warps == 8 and -(-N // block_n) >= fn.LONG_BWD_8_WARP_MIN_CHUNKS and dtype != torch.float32
     assert launch.maxnreg == (fn.LONG_BWD_8_WARP_MAX_REGISTERS if eight else fn.LONG_BWD_MAX_REGISTERS)
-    if dtype != torch.float32:
-        params = {"weight": TRAIN if VARIANTS["poly"][call]["dw"] else FROZEN,
-                  "bias": TRAIN if VARIANTS["poly"][call]["db"] else FROZEN}
-        check_op(OPS["poly"], (3, N), dtype, params, {"x": bool(VARIANTS["poly"][call]["dx"])})
+    want = VARIANTS["poly"][call]
+    params = {"weight": TRAIN if want["dw"] else FROZEN, "bias": TRAIN if want["db"] else FROZEN}
+    check_op(OPS["poly"], (3, N), dtype, params, {"x": bool(want["dx"])})
 
 
 @pytest.mark.parametrize("name, size, call, joint", [
