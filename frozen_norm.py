@@ -199,6 +199,13 @@ LONG_WIDE_CHUNK_MAX = 16384
 # section 6).
 UNROLL_MAX_CHUNKS = 8
 UNROLL_MAX_BLOCK_N = 2048
+# RMSNorm's long-row forward (one row sum), and the others' on fp32 rows, keep
+# chunks of 4096 where halving them would make more than FWD_HALVED_MAX_CHUNKS
+# chunks of UNROLL_MAX_BLOCK_N (rows of 12289 to 14336, `_fwd_chunks`):
+# unrolled, seven such chunks take 38 to 61 registers a thread against 31 to
+# 54, mostly fewer warps per SM, and measured 5 to 16 points slower.
+# LayerNorm's and PolyNorm's 16-bit rows measured mixed so, and keep them.
+FWD_HALVED_MAX_CHUNKS = 6
 # The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
 # row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
 # (UNROLL_SUMS, `_unrolled_sums`: rows of up to 16384 in chunks of 4096, and
@@ -674,6 +681,16 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int) -> bool:
     least LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps, 16-bit."""
     return (t.num_warps == 8 and x.element_size() == 2 and _unrolled(N, t.block_n)
             and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
+
+
+def _fwd_chunks(t: "_RowTiling", x: torch.Tensor, N: int, sums: int) -> "_RowTiling":
+    """The plan `t` of a long-row forward with `sums` row sums on x's rows,
+    or where it halved chunks of 4096 into more than FWD_HALVED_MAX_CHUNKS
+    of UNROLL_MAX_BLOCK_N, chunks of 4096: with one sum, or fp32 rows."""
+    if (t.one_pass or (sums > 1 and x.element_size() == 2) or t.block_n != UNROLL_MAX_BLOCK_N
+            or N > 2 * ROW_BLOCK_MAX or _cdiv(N, t.block_n) <= FWD_HALVED_MAX_CHUNKS):
+        return t
+    return _in_chunks(t, 2 * t.block_n)
 
 
 def _unrolled_sums(N: int, block_n: int) -> bool:
@@ -2058,6 +2075,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
             plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
             # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
             t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
+            t = _fwd_chunks(t, x, N, 2 if center else 1)   # FWD_HALVED_MAX_CHUNKS
             if center:   # LayerNorm's padded tiles of short rows: N_CONST, NARROW_VEC_ELEMENTS
                 vec = _short_narrow_vec(t, N, (x,), (stride_x,))
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX), 16-byte vectors; one sum
@@ -3577,7 +3595,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # 16-bit rows where few fit (WHOLE_MAX_CHUNKS), on one warp for
     # 16-bit rows up to POLY_WARP_ROW_MAX (`_poly_long_tiling`).
     plan = dict(block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
-    t = _poly_long_tiling(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x)
+    t = _poly_long_tiling(_fwd_chunks(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x, N, 3), x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,

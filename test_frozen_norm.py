@@ -499,7 +499,18 @@ MIN_CHUNK_CASES = [
     ("ln", "all frozen", 12288, torch.bfloat16, 4096)]   # and three of 4096
 
 
-@pytest.mark.parametrize("name, call, N, dtype, chunk", WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES + MIN_CHUNK_CASES)
+# FWD_HALVED_MAX_CHUNKS: RMSNorm's forward, and the forwards of fp32 rows,
+# keep chunks of 4096 where halving would make more than that many.
+FWD_CHUNK_CASES = [
+    ("rms", "forward", 13312, torch.bfloat16, 4096), ("rms", "forward", 12544, torch.float16, 4096),
+    ("ln", "forward", 13312, torch.float32, 4096), ("poly", "forward", 14336, torch.float32, 4096),
+    ("rms", "forward", 10240, torch.bfloat16, 2048),    # five chunks of 2048
+    ("ln", "forward", 13312, torch.bfloat16, 2048),     # 16-bit rows with several sums: halved
+    ("poly", "forward", 12800, torch.float16, 2048)]
+
+
+@pytest.mark.parametrize("name, call, N, dtype, chunk",
+                         WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES + MIN_CHUNK_CASES + FWD_CHUNK_CASES)
 def test_chunk_rules(name, call, N, dtype, chunk):
     """The long-row plans' chunk rules on 16-bit rows. WHOLE_MAX_CHUNKS: the
     forwards of LayerNorm and PolyNorm and the backwards of RMSNorm,
@@ -511,15 +522,19 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     PolyNorm's) take chunks of that length where they fit the row whole; the
     others keep LONG_CHUNK_MAX. LONG_MIN_CHUNKS: the backwards with several
     row sums halve chunks of LONG_CHUNK_MAX where a row has fewer than that
-    many (the others keep them). fp32 rows keep their plans. The first
-    launch, on meta tensors; seven such plans run against float64."""
+    many (the others keep them). fp32 rows keep their plans, but
+    FWD_HALVED_MAX_CHUNKS: RMSNorm's forward and the forwards of fp32 rows
+    keep chunks of 4096 where halving would make more than that many. The
+    first launch, on meta tensors; some of these plans (bf16 and fp32) then
+    run against float64."""
     launch = _first_launch(name, call, (3, N), dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
             ("poly", "trainable", 18432): ALL_TRAIN, ("rms", "forward", 65536): ALL_FROZEN,
             ("poly", "trainable", 65536): ALL_TRAIN, ("ln", "all frozen", 65536): ALL_FROZEN,
-            ("poly", "trainable", 22528): ALL_TRAIN}
-    if dtype == torch.bfloat16 and (name, call, N) in runs:
+            ("poly", "trainable", 22528): ALL_TRAIN, ("rms", "forward", 13312): ALL_FROZEN,
+            ("ln", "forward", 13312): ALL_TRAIN, ("poly", "forward", 14336): ALL_TRAIN}
+    if dtype in (torch.bfloat16, torch.float32) and (name, call, N) in runs:
         check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
 
 
