@@ -202,9 +202,9 @@ UNROLL_MAX_BLOCK_N = 2048
 # RMSNorm's long-row forward (one row sum), and the others' on fp32 rows, keep
 # chunks of 4096 where halving them would make more than FWD_HALVED_MAX_CHUNKS
 # chunks of UNROLL_MAX_BLOCK_N (rows of 12289 to 14336, `_fwd_chunks`):
-# unrolled, seven such chunks take 38 to 61 registers a thread against 31 to
-# 54, mostly fewer warps per SM, and measured 5 to 16 points slower.
-# LayerNorm's and PolyNorm's 16-bit rows measured mixed so, and keep them.
+# unrolled, seven such chunks take more registers a thread than four of 4096
+# (ptxas), mostly fewer warps per SM, and measured slower. LayerNorm's and
+# PolyNorm's 16-bit rows measured mixed so, and keep them (NOTES.md, section 6).
 FWD_HALVED_MAX_CHUNKS = 6
 # The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
 # row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
