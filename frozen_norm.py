@@ -389,12 +389,13 @@ POLY_BWD_MAX_REGISTERS = 128
 POLY_ROW_ACCUMULATOR_ROWS = 4
 # PolyNorm's backward of 16-bit padded rows whose last chunk of 4096 is
 # partial (10241 to 12287; frozen, 14337 to 16383 too: its long-row plan
-# above) walks chunks of UNROLL_MAX_BLOCK_N instead, six (to eight),
-# unrolled (UNROLL: a partial last chunk), not three that stay a loop; and
-# its frozen backward of rows of more than UNROLL_MAX_CHUNKS whole chunks
-# walks chunks twice as long, the last one partial and unrolled (4608 = 4.5 x
-# 1024, not 9 x 512; trained, that measured slower under Triton 3.6)
-# (`_poly_unrolled_chunks`; fp32 rows measured slower so); no constant of its own.
+# above) walks chunks of UNROLL_MAX_BLOCK_N instead, six to eight, unrolled
+# (UNROLL: a partial last chunk), not three or four that stay a loop (fp32
+# rows measured slower so). Its frozen backward of 16-bit rows of more than
+# UNROLL_MAX_CHUNKS whole chunks walks chunks twice as long, the last one
+# partial and unrolled (4608 = 4.5 x 1024, not 9 x 512; trained, that
+# measured slower under Triton 3.6). Both `_poly_unrolled_chunks`; no
+# constant of their own.
 
 # --- Programs, warps and pipelines -------------------------------------------
 
@@ -685,8 +686,9 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int) -> bool:
 
 def _fwd_chunks(t: "_RowTiling", x: torch.Tensor, N: int, sums: int) -> "_RowTiling":
     """The plan `t` of a long-row forward with `sums` row sums on x's rows,
-    or where it halved chunks of 4096 into more than FWD_HALVED_MAX_CHUNKS
-    of UNROLL_MAX_BLOCK_N, chunks of 4096: with one sum, or fp32 rows."""
+    or, with one sum or on fp32 rows, where its one halving cut chunks of
+    4096 into more than FWD_HALVED_MAX_CHUNKS of UNROLL_MAX_BLOCK_N (rows up
+    to 2 x ROW_BLOCK_MAX), chunks of 4096."""
     if (t.one_pass or (sums > 1 and x.element_size() == 2) or t.block_n != UNROLL_MAX_BLOCK_N
             or N > 2 * ROW_BLOCK_MAX or _cdiv(N, t.block_n) <= FWD_HALVED_MAX_CHUNKS):
         return t
@@ -792,8 +794,9 @@ def _whole_chunks(t: _RowTiling, M: int, N: int, long_floor: int, max_chunks: Op
 
 def _few_whole_chunks(t: _RowTiling, x: torch.Tensor, M: int, N: int, **plan) -> _RowTiling:
     """`_whole_chunks` by the rule of WHOLE_MAX_CHUNKS: for x's 16-bit rows,
-    at most that many whole chunks, down to LONG_CHUNK_MIN, but where the
-    passes over `t`'s chunks are unrolled (`_unrolled`)."""
+    at most that many whole chunks, down to LONG_CHUNK_MIN, except where the
+    passes over `t`'s own chunks are unrolled (`_unrolled`: its last chunk is
+    partial, or it has few)."""
     if x.element_size() != 2 or t.one_pass or _unrolled(N, t.block_n):
         return t
     return _whole_chunks(t, M, N, LONG_CHUNK_MIN, WHOLE_MAX_CHUNKS, **plan)
@@ -3390,7 +3393,7 @@ def _long_poly_norm_bwd_kernel(
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, JOINT: tl.constexpr,
     UNROLL: tl.constexpr,
 ):
-    """PolyNorm backward of rows past its tile (POLY_ROW_BLOCK_MAX): the delta on
+    """PolyNorm backward of rows on the long-row plan (`poly_norm_backward`): the delta on
     `_long_poly_norm_fwd_kernel` that `_long_row_norm_bwd_kernel` is on the
     row norms' long forward. Pass 1 sums dy * x^k (k = 1, 2, 3) and dy per
     group of PRESUM elements and reduces them once at the end; pass 2 reads x
@@ -3487,7 +3490,7 @@ def _poly_norm_bwd_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
     ROW_ACCUMULATORS: tl.constexpr,
 ):
-    """PolyNorm backward of rows up to its tile (POLY_ROW_BLOCK_MAX): dx (see section 8),
+    """PolyNorm backward of rows held in a tile (`poly_norm_backward`): dx (see section 8),
     and per-program sums for dw and db.
 
     Grid: (P,), program p takes tiles p, p + P, ... of ROWS whole rows as
@@ -3656,7 +3659,7 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
         # One row per program, the row norms' long-row plan; a row's sums are
         # its dw/db summands, so the scratch is (M, 4).
         partial = torch.empty((M, 4), dtype=torch.float32, device=x.device) if trains else None
-        cap = LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N) else LONG_BWD_MAX_REGISTERS
+        cap = LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N) else LONG_BWD_MAX_REGISTERS   # where 64 spills
         _long_poly_norm_bwd_kernel[(M,)](
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
             N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,

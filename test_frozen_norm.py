@@ -517,8 +517,8 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     LayerNorm and PolyNorm, frozen or trained, halve their chunks further
     where that leaves at most that many whole ones, but not where UNROLL
     unrolls the partial last chunk of the plan before; else one halving
-    (the last chunk partial). LONG_WIDE_CHUNK_MAX: the forwards with one row sum
-    (RMSNorm's, FusedAdd's) and the backwards with several (LayerNorm's,
+    (the last chunk partial). LONG_WIDE_CHUNK_MAX: the forwards with one row
+    sum (RMSNorm's, FusedAdd's) and the backwards with several (LayerNorm's,
     PolyNorm's) take chunks of that length where they fit the row whole; the
     others keep LONG_CHUNK_MAX. LONG_MIN_CHUNKS: the backwards with several
     row sums halve chunks of LONG_CHUNK_MAX where a row has fewer than that
@@ -1231,13 +1231,13 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap):
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
     elements or more, RMSNorm's on pre-summed rows and every fp32 row, in
     chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS
-    instead of LONG_BWD_MAX_REGISTERS (see that constant), the per-lane
-    rows on 8 warps, and 16-bit rows unrolled over at least
+    instead of LONG_BWD_MAX_REGISTERS (see that constant); the per-lane rows
+    on 8 warps, and the 16-bit rows unrolled over at least
     LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps, with
-    LONG_BWD_8_WARP_MAX_REGISTERS; RMSNorm's frozen one
-    halves such rows' chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads
-    less and leaves whole chunks. On a GPU the variants with a raised cap
-    compile and run, checked against float64."""
+    LONG_BWD_8_WARP_MAX_REGISTERS. RMSNorm's frozen one halves such rows'
+    chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads less and leaves
+    whole chunks. On a GPU the variants with a raised cap compile and run,
+    checked against float64."""
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"], dtype)
     (launch,) = rec.launches
@@ -1356,7 +1356,7 @@ def test_long_row_unroll_sums_group(dtype, monkeypatch):
     (20480, "trainable", torch.bfloat16, 4096, False),   # past POLY_ROW_BLOCK_MAX: kept
     (4608, "all frozen", torch.bfloat16, 1024, True),    # frozen, 9 whole chunks of 512: 4.5 of 1024
     (4608, "trainable", torch.bfloat16, 512, False),     # trained: kept
-    (4608, "all frozen", torch.float32, 512, False),
+    (4608, "all frozen", torch.float32, 512, False),     # fp32: kept
     (4352, "all frozen", torch.bfloat16, 512, True),     # 8.5 chunks of 512: unrolled already
     (2304, "all frozen", torch.bfloat16, 256, False)])   # one-warp chunks (POLY_WARP_ROW_MAX): kept
 def test_poly_unrolled_chunks(N, call, dtype, block_n, unroll):
