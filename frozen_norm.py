@@ -676,21 +676,24 @@ def _unrolled(N: int, block_n: int) -> bool:
     return block_n <= UNROLL_MAX_BLOCK_N and (N % block_n > 0 or N // block_n <= UNROLL_MAX_CHUNKS)
 
 
-def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int) -> bool:
-    """Whether the long-row backward of x's rows in `t`'s chunks takes
-    LONG_BWD_8_WARP_MAX_REGISTERS for being unrolled (`_unrolled`) over at
-    least LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps, 16-bit."""
-    return (t.num_warps == 8 and x.element_size() == 2 and _unrolled(N, t.block_n)
-            and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
+def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int, whole_per_lane: bool = False) -> bool:
+    """Whether the long-row backward of x's 16-bit rows in `t`'s chunks of 8
+    warps takes LONG_BWD_8_WARP_MAX_REGISTERS: RMSNorm's and FusedAdd's
+    per-lane rows of whole chunks (`whole_per_lane`, see
+    LONG_BWD_SPILL_CHUNKS), or rows unrolled (`_unrolled`) over at least
+    LONG_BWD_8_WARP_MIN_CHUNKS chunks."""
+    if t.num_warps != 8 or x.element_size() != 2:
+        return False
+    return whole_per_lane or (_unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
 
 
 def _fwd_chunks(t: "_RowTiling", x: torch.Tensor, N: int, sums: int) -> "_RowTiling":
     """The plan `t` of a long-row forward with `sums` row sums on x's rows,
     or, with one sum or on fp32 rows, where its one halving cut chunks of
-    4096 into more than FWD_HALVED_MAX_CHUNKS of UNROLL_MAX_BLOCK_N (rows up
-    to 2 x ROW_BLOCK_MAX), chunks of 4096."""
+    4096 into more than FWD_HALVED_MAX_CHUNKS of UNROLL_MAX_BLOCK_N (rows of
+    12289 to 14336), chunks of 4096."""
     if (t.one_pass or (sums > 1 and x.element_size() == 2) or t.block_n != UNROLL_MAX_BLOCK_N
-            or N > 2 * ROW_BLOCK_MAX or _cdiv(N, t.block_n) <= FWD_HALVED_MAX_CHUNKS):
+            or _cdiv(N, t.block_n) <= FWD_HALVED_MAX_CHUNKS):
         return t
     return _in_chunks(t, 2 * t.block_n)
 
@@ -2238,14 +2241,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
-            # fp32 rows, where a program's threads have them (REGISTERS_PER_SM).
+            # fp32 rows, where a program's threads have them (REGISTERS_PER_SM); on 8 warps
+            # LONG_BWD_8_WARP_MAX_REGISTERS instead (`_eight_warp_cap`).
             whole_per_lane = (may_spill and N % t.block_n == 0 and N // t.block_n >= LONG_BWD_SPILL_CHUNKS
                               and t.block_n >= 32 * MIN_WARPS * LONG_ELEMENTS_PER_THREAD)
             high_cap = ((whole_per_lane or (presum > 1 and mean is None and ds is None) or x.element_size() == 4)
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
-            cap = LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS
-            if t.num_warps == 8 and (whole_per_lane or _eight_warp_cap(t, x, N)):   # three programs per SM
-                cap = LONG_BWD_8_WARP_MAX_REGISTERS
+            cap = (LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N, whole_per_lane)   # three programs per SM
+                   else LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
