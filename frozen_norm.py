@@ -322,24 +322,36 @@ LONG_FWD_PRESUM_AFTER = 24576
 # whose registers hold dw: the long-row plan's dw/db kernel would read x and
 # dy from DRAM again. Rows that are not piped (below) would spill holding x
 # and dy through the row sums, so they load them a second time, from L1/L2,
-# without a pipeline (RELOAD); its variants that still spill holding w
-# (FusedAdd's with ds, LayerNorm's with dw) load w per tile (W_PER_TILE).
+# without a pipeline (RELOAD); LayerNorm's with dw, which still spills
+# holding w, loads w per tile (W_PER_TILE).
 RELOAD_ROW_BLOCK_MAX = 16384
 RELOAD_ELEMENTS_PER_THREAD = 32
-# Piped rows (ROW_BLOCK_MAX + 1 to PIPED_ROW_MAX, RELOAD_ROW_BLOCK_MAX, and
-# rows in narrow vectors, below) run the same tile kernel through its software
-# pipeline, with dw or db added *before* the row sums, so that x and dy die
-# there, and N a compile-time constant (N_CONST), so that the tile's empty end
-# folds away: no spill. w is loaded per row where its buffers fit too, and
-# always at RELOAD_ROW_BLOCK_MAX, whose full tile has no masked lane to zero
-# (without that select no variant spills); else held. Whole tiles and RELOAD
-# add dw and db after dx, which measured faster for them.
+# Piped rows run the same tile kernel through its software pipeline, with dw
+# or db added *before* the row sums, so that x and dy die there, and N a
+# compile-time constant (N_CONST), so that the tile's empty end folds away.
+# Which rows: every one from PIPED_ALL_TRITON on; before it, those up to
+# PIPED_ROW_MAX, at RELOAD_ROW_BLOCK_MAX, in narrow vectors (below), and past
+# PIPED_ROW_MAX FusedAdd's with ds and LayerNorm's with db, whose RELOAD
+# spills more than their pipe does (Triton 3.6: 56 and 184 bytes, against 0
+# and 128): RMSNorm's and LayerNorm's rows that train w take RELOAD there.
+# Past PIPED_ROW_MAX w is loaded per row (held, it spills; at
+# RELOAD_ROW_BLOCK_MAX, whose full tile has no masked lane to zero, no
+# variant spills without that select); up to it, where its buffers fit at
+# full depth too, else held. Whole tiles and RELOAD add dw and db after dx,
+# which measured faster for them.
 PIPED_ROW_MAX = 12288
-# Piped rows load vectors of PIPED_VEC_ELEMENTS (8 bytes of a 16-bit row),
-# with w held, where the row ends in the first half of a 4096 (`_narrow_vectors`:
-# RMSNorm's and FusedAdd's 8704 to 10240, and 14336): a thread's lanes then
-# repeat every 2048 elements, and the empty half folds away instead of
-# staying masked.
+# From this Triton (major, minor) on, every one-parameter row is piped, in
+# 16-byte vectors: its code for those loops fits in 128 registers without a
+# spill (past PIPED_ROW_MAX with w loaded per row: held, RMSNorm's and
+# FusedAdd's spill 104 and 128 bytes there), where Triton 3.6's spills 24 to
+# 184 bytes and its narrow vectors and RELOAD measured faster (NOTES.md,
+# section 6).
+PIPED_ALL_TRITON = (3, 8)
+# Before PIPED_ALL_TRITON, piped rows load vectors of PIPED_VEC_ELEMENTS (8
+# bytes of a 16-bit row), with w held, where the row ends in the first half
+# of a 4096 (`_narrow_vectors`: RMSNorm's and FusedAdd's 8704 to 10240, and
+# 14336): a thread's lanes then repeat every 2048 elements, and the empty
+# half folds away instead of staying masked.
 PIPED_VEC_ELEMENTS = 4
 # FusedAdd's forward holds rows up to this length in one tile (32 warps, no
 # spill): the long-row kernel's pass 2 would read back the s its pass 1 wrote.
@@ -509,6 +521,7 @@ GROUP_TRAINED_MIN_CHUNKS = 6
 GROUP_TRAINED_MIN_HW = 2048
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])   # (major, minor): PIPED_ALL_TRITON
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -588,7 +601,8 @@ def _lane_repeat(t: "_RowTiling", vec: int) -> int:
 
 def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
     """Whether a one-accumulator row of N elements in the tile kernel's tiling
-    `t` loads narrow vectors (PIPED_VEC_ELEMENTS). A thread's lanes repeat
+    `t` loads narrow vectors (PIPED_VEC_ELEMENTS), under a Triton before
+    PIPED_ALL_TRITON (the caller's test). A thread's lanes repeat
     along the tile every `narrow` elements in narrow vectors, every 2 * narrow
     in 16-byte ones; `tail` is where the row ends in its last 16-byte repeat.
     Narrow vectors where it ends in that repeat's first half for RMSNorm's and
@@ -1253,11 +1267,12 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # bit on every run). Rows longer than ROW_BLOCK_MAX leave no room in registers
 # for both the row (x and dy, live through the c1 reduction) and that
 # accumulator. Up to RELOAD_ROW_BLOCK_MAX, with one accumulator, the tile
-# kernel makes room by not keeping the row: up to PIPED_ROW_MAX (and at
-# RELOAD_ROW_BLOCK_MAX, and at 14336 in narrower vector loads) it adds the row
-# to the accumulator first, so that only xhat and g live through the
-# reduction, and pipelines the rows; between, it loads x and dy again after
-# the reduction (RELOAD), from L1/L2. Longer rows, or two accumulators
+# kernel makes room by not keeping the row: it adds the row to the
+# accumulator first, so that only xhat and g live through the reduction, and
+# pipelines the rows; under Triton 3.6, whose code for that spills past
+# PIPED_ROW_MAX, RMSNorm's and LayerNorm's rows that train w load x and dy
+# again after the reduction there instead (RELOAD), from L1/L2 (see
+# PIPED_ALL_TRITON). Longer rows, or two accumulators
 # (LayerNorm's dw and db), take dw and db from `_row_norm_dwdb_kernel`, which
 # swaps the loops (each program owns a block of columns and walks the rows),
 # at the price of reading x and dy a second time from DRAM. Where its programs
@@ -1689,14 +1704,14 @@ def _row_norm_bwd_kernel(
                   the row reductions (from L1/L2: the first loads are marked
                   evict_last), instead of keeping them in registers through
                   the reductions; for rows too long to hold there beside the
-                  dw accumulator (RELOAD_ROW_BLOCK_MAX). False removes the
-                  second loads.
+                  dw accumulator under Triton 3.6 (RELOAD_ROW_BLOCK_MAX,
+                  PIPED_ALL_TRITON). False removes the second loads.
       W_PER_TILE  True loads w for every tile (from L1/L2, or through the
                   pipeline with STAGES > 1) instead of once per program: its
                   BLOCK_N / (32 * num_warps) fp32 registers are free between
                   tiles. False removes the per-tile loads.
       N_CONST     0, or N as a compile-time constant, for the piped rows
-                  (PIPED_ROW_MAX) and the frozen tiles of short padded rows
+                  (PIPED_ROW_MAX, PIPED_ALL_TRITON) and the frozen tiles of short padded rows
                   (NARROW_VEC_ELEMENTS): lanes past N fold away, and dw and
                   db are added before the row reductions instead of after
                   dx, so that x and dy need not live through them. Where N
@@ -2125,9 +2140,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
     tail (PADDED_TAIL_BLOCK_N), on the persistent grid.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel, one row per tile, piped up to PIPED_ROW_MAX, at 14336 (in narrow
-    vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX, with RELOAD
-    between (132 rows on an H200 at N = 16384: 8.7 MB), when x and dy are
+    kernel, one row per tile, piped; before PIPED_ALL_TRITON, RMSNorm's and
+    LayerNorm's rows that train w past PIPED_ROW_MAX with RELOAD, but at
+    14336 (in narrow vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX
+    (132 rows on an H200 at N = 16384: 8.7 MB); when x and dy are
     16-bit and N and the row strides are multiples of 16 (else its loads
     would not vectorize). Longer rows: dx from `_long_row_norm_bwd_kernel`,
     and dw/db from `_row_norm_dwdb` into an (S, N) fp32 buffer, S about SMs /
@@ -2180,27 +2196,28 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
     # Rows past ROW_BLOCK_MAX with dx and one trained parameter: in the tile
-    # kernel, a row per tile, piped (PIPED_ROW_MAX, and rows that fill the
-    # tile) or else with RELOAD.
+    # kernel, a row per tile, piped or with RELOAD (PIPED_ROW_MAX,
+    # PIPED_ALL_TRITON).
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
                and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
     if one_acc:
         t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                         elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
-    narrow = one_acc and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
-    piped = one_acc and (N <= PIPED_ROW_MAX or fills_tile or narrow)
-    reload = one_acc and not piped
-    # RELOAD's variants that spill holding w, FusedAdd's with ds and LayerNorm's
-    # with dw, load it per tile (see RELOAD_ROW_BLOCK_MAX); piped rows where
-    # its buffers fit beside x's and dy's at full depth, and always where the
-    # row fills the tile (see PIPED_ROW_MAX), but in narrow vectors, which
-    # hold it (see PIPED_VEC_ELEMENTS).
-    w_per_tile = reload and (ds is not None or (mean is not None and compute_dw))
+    all_piped = _TRITON_VERSION >= PIPED_ALL_TRITON
+    narrow = one_acc and not all_piped and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
+    reload = (one_acc and not (all_piped or narrow or fills_tile or N <= PIPED_ROW_MAX)
+              and compute_dw and ds is None)   # RMSNorm's and LayerNorm's w, before PIPED_ALL_TRITON
+    piped = one_acc and not reload
+    # LayerNorm's RELOAD with dw loads w per tile (see RELOAD_ROW_BLOCK_MAX);
+    # piped rows past PIPED_ROW_MAX do, and shorter ones where its buffers fit
+    # beside x's and dy's at full depth (see PIPED_ROW_MAX), but in narrow
+    # vectors, which hold it (see PIPED_VEC_ELEMENTS).
+    w_per_tile = reload and mean is not None
     if piped and weight is not None and not narrow:
-        w_per_tile = fills_tile or _pipeline_stages(t.block_n * _element_bytes(x, dy, ds, weight),
-                                                    _programs_per_sm(t.num_warps), x.device,
-                                                    exact=True) == PIPELINE_STAGES
+        w_per_tile = N > PIPED_ROW_MAX or _pipeline_stages(t.block_n * _element_bytes(x, dy, ds, weight),
+                                                           _programs_per_sm(t.num_warps), x.device,
+                                                           exact=True) == PIPELINE_STAGES
     dw_partial = db_partial = None
     if t.one_pass:
         # Rows that fit in registers beside dw/db accumulators (piped or with
@@ -2209,7 +2226,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # asked, one program per tile, as in the forward (but the tail's
         # rows, `tail_rows`, which keep the persistent grid). Piped rows ask for
         # PIPELINE_STAGES, padded or not: two rows' buffers are what fits
-        # (one, for FusedAdd's with ds and w at 16384: `_pipeline_stages`).
+        # (one, for FusedAdd's with ds and w in a tile of 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
         tail = PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16) else 0
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
