@@ -646,10 +646,27 @@ def _code_path(value):
     return str(value.dtype) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
+@contextlib.contextmanager
+def planned_for(version):
+    """The module plans as under Triton `version` (major, minor) inside the
+    block, whatever Triton runs (see PIPED_ALL_TRITON)."""
+    saved, fn._TRITON_VERSION = fn._TRITON_VERSION, version
+    try:
+        yield
+    finally:
+        fn._TRITON_VERSION = saved
+
+
+# The Triton versions whose plans the module tells apart: one before
+# PIPED_ALL_TRITON, and that one.
+PLAN_TRITON_VERSIONS = ((fn.PIPED_ALL_TRITON[0], fn.PIPED_ALL_TRITON[1] - 1), fn.PIPED_ALL_TRITON)
+
+
 def compile_plans(ops, arch=90):
     """Compile for sm_<arch> one launch of each code path (`_code_path` of
     every argument) that the forward and each backward variant take at
-    PLAN_SIZES, in bf16 and fp32. The interpreter runs the kernels' code but
+    PLAN_SIZES, in bf16 and fp32, the backward as planned for each of
+    PLAN_TRITON_VERSIONS. The interpreter runs the kernels' code but
     not Triton's compiler, whose checks (a loop-carried value must keep its
     type, say) only a compile makes. Returns {op: {kernel: launches compiled}}."""
     seen, compiled = set(), {}
@@ -657,7 +674,9 @@ def compile_plans(ops, arch=90):
         counts = compiled.setdefault(op, Counter())
         for size, dtype in itertools.product(PLAN_SIZES[op], (torch.bfloat16, torch.float32)):
             records = [record_forward(op, size, dtype)]
-            records += [record_backward(op, size, want, dtype) for want in VARIANTS[op].values()]
+            for version in PLAN_TRITON_VERSIONS:
+                with planned_for(version):
+                    records += [record_backward(op, size, want, dtype) for want in VARIANTS[op].values()]
             for launch in (lc for rec in records for lc in rec.launches):
                 key = (launch.name, tuple(sorted((k, _code_path(v)) for k, v in launch.constexprs.items())),
                        tuple(map(_code_path, launch.args)))
