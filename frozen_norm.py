@@ -601,8 +601,8 @@ def _lane_repeat(t: "_RowTiling", vec: int) -> int:
 
 def _narrow_vectors(t: "_RowTiling", N: int, center: bool) -> bool:
     """Whether a one-accumulator row of N elements in the tile kernel's tiling
-    `t` loads narrow vectors (PIPED_VEC_ELEMENTS), under a Triton before
-    PIPED_ALL_TRITON (the caller's test). A thread's lanes repeat
+    `t` loads narrow vectors (PIPED_VEC_ELEMENTS); the caller asks only under
+    a Triton before PIPED_ALL_TRITON. A thread's lanes repeat
     along the tile every `narrow` elements in narrow vectors, every 2 * narrow
     in 16-byte ones; `tail` is where the row ends in its last 16-byte repeat.
     Narrow vectors where it ends in that repeat's first half for RMSNorm's and
@@ -1711,10 +1711,11 @@ def _row_norm_bwd_kernel(
                   BLOCK_N / (32 * num_warps) fp32 registers are free between
                   tiles. False removes the per-tile loads.
       N_CONST     0, or N as a compile-time constant, for the piped rows
-                  (PIPED_ROW_MAX, PIPED_ALL_TRITON) and the frozen tiles of short padded rows
-                  (NARROW_VEC_ELEMENTS): lanes past N fold away, and dw and
-                  db are added before the row reductions instead of after
-                  dx, so that x and dy need not live through them. Where N
+                  (PIPED_ROW_MAX, PIPED_ALL_TRITON) and the frozen tiles of
+                  short padded rows (NARROW_VEC_ELEMENTS): lanes past N fold
+                  away, and dw and db are added before the row reductions
+                  instead of after dx, so that x and dy need not live
+                  through them. Where N
                   fills the tile (N_CONST = BLOCK_N), also the select that
                   zeroes xhat's masked lanes (`_load_dy_xhat_g`): ptxas
                   (Triton 3.6) spills 128 bytes of RMSNorm's there with it,
@@ -2140,10 +2141,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
     tail (PADDED_TAIL_BLOCK_N), on the persistent grid.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel, one row per tile, piped; before PIPED_ALL_TRITON, RMSNorm's and
+    kernel, one row per tile, one program per SM (132 partial rows on an
+    H200 at N = 16384: 8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and
     LayerNorm's rows that train w past PIPED_ROW_MAX with RELOAD, but at
-    14336 (in narrow vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX
-    (132 rows on an H200 at N = 16384: 8.7 MB); when x and dy are
+    14336 (in narrow vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX;
+    when x and dy are
     16-bit and N and the row strides are multiples of 16 (else its loads
     would not vectorize). Longer rows: dx from `_long_row_norm_bwd_kernel`,
     and dw/db from `_row_norm_dwdb` into an (S, N) fp32 buffer, S about SMs /
