@@ -2696,11 +2696,12 @@ def test_huge_hidden_size(name):
 
 
 # Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
-# every kernel: the row tiles (RMSNorm), the piped rows (RMSNorm trained),
-# RELOAD (FusedAdd trained, 13312), the long rows and the dw/db kernel (LayerNorm;
-# FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768), GroupNorm's
-# long rows (32 groups) and split rows (2).
-HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 12288 + 1, 12288), None),
+# every kernel: the row tiles (RMSNorm), the piped rows (FusedAdd trained, with
+# ds; RMSNorm trained from Triton 3.8 on), RELOAD (RMSNorm trained at 13312
+# under Triton 3.6, PIPED_ALL_TRITON), the long rows and the dw/db kernel
+# (LayerNorm; FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768),
+# GroupNorm's long rows (32 groups) and split rows (2).
+HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 13312 + 1, 13312), None),
               ("fadd", (2**31 // 13312 + 1, 13312), None),
               ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
               ("poly", (2**31 // 32768 + 1, 32768), None),
