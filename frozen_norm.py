@@ -37,7 +37,9 @@ What you will learn by reading it
   (``maxnreg``) buys one more where ptxas does not spill under it
   (`_forward_register_cap`, `LONG_BWD_MAX_REGISTERS`); and why the reports
   to read are those of the Triton (ptxas) you run: the same code can take
-  64 registers under one and 78 under another (the tile forward's xhat).
+  64 registers under one and 78 under another (the tile forward's xhat),
+  and one plan can be the fastest under one version and spill under the
+  other (`PIPED_ALL_TRITON`, the module's one plan keyed on a version).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
