@@ -1716,17 +1716,16 @@ def _row_norm_bwd_kernel(
                   (PIPED_ROW_MAX, PIPED_ALL_TRITON) and the frozen tiles of
                   short padded rows (NARROW_VEC_ELEMENTS): lanes past N fold
                   away, and dw and db are added before the row reductions
-                  instead of after dx, so that x and dy need not live
-                  through them. Where N
-                  fills the tile (N_CONST = BLOCK_N), also the select that
-                  zeroes xhat's masked lanes (`_load_dy_xhat_g`): ptxas
-                  (Triton 3.6) spills 128 bytes of RMSNorm's there with it,
-                  none without, while in rows shorter than the tile it spills
-                  more without it (at 9216: 112 bytes, against 40); and
+                  instead of after dx, so that x and dy need not live through
+                  them. Where N fills the tile (N_CONST = BLOCK_N), also the
+                  select that zeroes xhat's masked lanes (`_load_dy_xhat_g`):
+                  ptxas (Triton 3.6) spills 128 bytes of RMSNorm's there with
+                  it, none without, while in rows shorter than the tile it
+                  spills more without it (at 9216: 112 bytes, against 40); and
                   there, and only there, RMSNorm's x - 0 stays (FOLD in
-                  `_load_row_stats`): those 128-register loops measured
-                  slower without it (NOTES.md, section 6). 0 keeps
-                  N a run-time number (one compile serves every N of a tile).
+                  `_load_row_stats`): those 128-register loops measured slower
+                  without it (NOTES.md, section 6). 0 keeps N a run-time
+                  number (one compile serves every N of a tile).
       VEC         0, or the elements per vector load (PIPED_VEC_ELEMENTS,
                   NARROW_VEC_ELEMENTS): the columns are declared contiguous
                   in runs of VEC only, so Triton loads narrower vectors and
@@ -2143,17 +2142,17 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
     tail (PADDED_TAIL_BLOCK_N), on the persistent grid.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel, one row per tile, one program per SM (132 partial rows on an
-    H200 at N = 16384: 8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and
-    LayerNorm's rows that train w past PIPED_ROW_MAX with RELOAD, but at
-    14336 (in narrow vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX;
-    when x and dy are
-    16-bit and N and the row strides are multiples of 16 (else its loads
-    would not vectorize). Longer rows: dx from `_long_row_norm_bwd_kernel`,
-    and dw/db from `_row_norm_dwdb` into an (S, N) fp32 buffer, S about SMs /
-    (N / DW_BLOCK_N), at least 1; with S = 1 (P = 1 for the tile kernel) the
-    kernel writes dw and db themselves, with no buffer and no reduction
-    launch (`_sum_targets`): on an H200 that is every row longer than 8384.
+    kernel, one row per tile, one program per SM (132 partial rows on an H200
+    at N = 16384: 8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and
+    LayerNorm's rows that train w past PIPED_ROW_MAX with RELOAD, but at 14336
+    (in narrow vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX; when
+    x and dy are 16-bit and N and the row strides are multiples of 16 (else
+    its loads would not vectorize). Longer rows: dx from
+    `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
+    N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1; with S = 1 (P
+    = 1 for the tile kernel) the kernel writes dw and db themselves, with no
+    buffer and no reduction launch (`_sum_targets`): on an H200 that is every
+    row longer than 8384.
     While a CUDA graph is captured, with dx asked too, the dw/db kernel runs
     beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.

@@ -23,6 +23,7 @@ if not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import frozen_norm as fn  # noqa: E402  (after TRITON_INTERPRET is decided)
+from bench_frozen_norm import PLAN_TRITON_VERSIONS  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
@@ -634,9 +635,9 @@ ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {
                ("ln", {"weight": FROZEN, "bias": TRAIN})]
 
 
-# Triton versions as the planner reads them: before PIPED_ALL_TRITON (3.6,
-# on the H200 of NOTES.md) and from it on (3.8, what requirements.txt gets).
-TRITON_VERSIONS = [(3, 6), (3, 8)]
+# Triton versions as the planner reads them: one before PIPED_ALL_TRITON (as
+# 3.6, on the H200 of NOTES.md) and that one (3.8, what requirements.txt gets).
+TRITON_VERSIONS = PLAN_TRITON_VERSIONS
 
 
 def _one_acc_limits(monkeypatch, version=(3, 6)):
