@@ -638,9 +638,10 @@ ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {
 # Triton versions as the planner reads them: one before PIPED_ALL_TRITON (as
 # 3.6, on the H200 of NOTES.md) and that one (3.8, what requirements.txt gets).
 TRITON_VERSIONS = PLAN_TRITON_VERSIONS
+VERSION_IDS = ["triton%d.%d" % v for v in TRITON_VERSIONS]
 
 
-def _one_acc_limits(monkeypatch, version=(3, 6)):
+def _one_acc_limits(monkeypatch, version):
     """Small limits for the rows past a tile that train one parameter: tiles
     up to 64, piped rows up to 192 (3/4 of their tile of 256) and of 256 (the
     whole tile), between them RELOAD for the variants that take it there;
@@ -680,7 +681,7 @@ def _one_acc_plan(name, N, want, dtype=torch.bfloat16):
     return ("reload" if c["RELOAD"] else "tile"), c["W_PER_TILE"]
 
 
-@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=lambda v: "triton%d.%d" % v)
+@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
 @pytest.mark.parametrize("N", [176, 208, 256])
 @pytest.mark.parametrize("name, params", ONE_TRAINED, ids=lambda v: v if isinstance(v, str) else pattern_id(v, {}))
 def test_one_acc_backward(name, params, N, version, monkeypatch):
@@ -750,7 +751,7 @@ def test_one_acc_plan_is_chosen(version, name, want, N, plan, per_tile, monkeypa
     assert _one_acc_plan(name, N, want, want.pop("dtype", torch.bfloat16)) == (plan, per_tile)
 
 
-@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=lambda v: "triton%d.%d" % v)
+@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_one_acc_plan_at_real_limits(dtype, version, monkeypatch):
     """The one-parameter rows at the real limits, in a tile of 16384 on 16
@@ -785,7 +786,7 @@ def test_one_acc_plan_at_real_limits(dtype, version, monkeypatch):
                 assert c["W_PER_TILE"] == (piped or name == "ln"), (label, N)
 
 
-@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=lambda v: "triton%d.%d" % v)
+@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
 def test_one_acc_backward_real_limits(version, monkeypatch):
     """Past RELOAD_ROW_BLOCK_MAX (16400) the long-row kernels. Under the plan
     of a Triton before PIPED_ALL_TRITON, RMSNorm's trainable backward on rows
