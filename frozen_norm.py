@@ -339,8 +339,8 @@ RELOAD_ELEMENTS_PER_THREAD = 32
 # Past PIPED_ROW_MAX w is loaded per row (held, it spills; at
 # RELOAD_ROW_BLOCK_MAX, whose full tile has no masked lane to zero, no
 # variant spills without that select); up to it, where its buffers fit at
-# full depth too, else held. Whole tiles and RELOAD add dw and db after dx,
-# which measured faster for them.
+# full depth too (but up to W_HELD_ROW_MAX, below), else held. Whole tiles
+# and RELOAD add dw and db after dx, which measured faster for them.
 PIPED_ROW_MAX = 12288
 # From this Triton (major, minor) on, every one-parameter row is piped, in
 # 16-byte vectors: its code for those loops fits in 128 registers without a
@@ -349,6 +349,12 @@ PIPED_ROW_MAX = 12288
 # 184 bytes and its narrow vectors and RELOAD measured faster (NOTES.md,
 # section 6).
 PIPED_ALL_TRITON = (3, 8)
+# From PIPED_ALL_TRITON on, piped rows up to this length hold w (32 fp32
+# registers a thread) whatever their pipeline's depth: faster than loading it
+# per row there, slower past it (RMSNorm's rows of 9984 and 10240 at 8192
+# rows and more; NOTES.md, section 6). Before it, Triton 3.6's code spills
+# holding w on rows not in narrow vectors (below).
+W_HELD_ROW_MAX = 9728
 # Before PIPED_ALL_TRITON, piped rows load vectors of PIPED_VEC_ELEMENTS (8
 # bytes of a 16-bit row), with w held, where the row ends in the first half
 # of a 4096 (`_narrow_vectors`: RMSNorm's and FusedAdd's 8704 to 10240, and
@@ -2215,12 +2221,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # LayerNorm's RELOAD with dw loads w per tile (see RELOAD_ROW_BLOCK_MAX);
     # piped rows past PIPED_ROW_MAX do, and shorter ones where its buffers fit
     # beside x's and dy's at full depth (see PIPED_ROW_MAX), but in narrow
-    # vectors, which hold it (see PIPED_VEC_ELEMENTS).
+    # vectors (see PIPED_VEC_ELEMENTS) and, from PIPED_ALL_TRITON on, up to
+    # W_HELD_ROW_MAX, which hold it.
     w_per_tile = reload and mean is not None
     if piped and weight is not None and not narrow:
-        w_per_tile = N > PIPED_ROW_MAX or _pipeline_stages(t.block_n * _element_bytes(x, dy, ds, weight),
-                                                           _programs_per_sm(t.num_warps), x.device,
-                                                           exact=True) == PIPELINE_STAGES
+        held_max = W_HELD_ROW_MAX if all_piped else 0
+        w_per_tile = N > PIPED_ROW_MAX or N > held_max and _pipeline_stages(
+            t.block_n * _element_bytes(x, dy, ds, weight), _programs_per_sm(t.num_warps), x.device,
+            exact=True) == PIPELINE_STAGES
     dw_partial = db_partial = None
     if t.one_pass:
         # Rows that fit in registers beside dw/db accumulators (piped or with

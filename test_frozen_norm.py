@@ -644,10 +644,12 @@ VERSION_IDS = ["triton%d.%d" % v for v in TRITON_VERSIONS]
 def _one_acc_limits(monkeypatch, version):
     """Small limits for the rows past a tile that train one parameter: tiles
     up to 64, piped rows up to 192 (3/4 of their tile of 256) and of 256 (the
-    whole tile), between them RELOAD for the variants that take it there;
-    the planner told that Triton is at `version` (PIPED_ALL_TRITON)."""
+    whole tile), between them RELOAD for the variants that take it there, w
+    held up to 144 from PIPED_ALL_TRITON on (W_HELD_ROW_MAX); the planner
+    told that Triton is at `version` (PIPED_ALL_TRITON)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "PIPED_ROW_MAX", 192)
+    monkeypatch.setattr(fn, "W_HELD_ROW_MAX", 144)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
     monkeypatch.setattr(fn, "_TRITON_VERSION", version)
 
@@ -682,15 +684,15 @@ def _one_acc_plan(name, N, want, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
-@pytest.mark.parametrize("N", [176, 208, 256])
+@pytest.mark.parametrize("N", [128, 176, 208, 256])
 @pytest.mark.parametrize("name, params", ONE_TRAINED, ids=lambda v: v if isinstance(v, str) else pattern_id(v, {}))
 def test_one_acc_backward(name, params, N, version, monkeypatch):
     """Rows past ROW_BLOCK_MAX, up to RELOAD_ROW_BLOCK_MAX, whose backward
     trains one parameter take the tile kernel, a row per tile: piped (dw or
     db added before the row reductions, N a compile-time constant; in a full
     tile, masked lanes' xhat not zeroed), or with RELOAD (x and dy loaded a
-    second time for dx and dw) where `_reloads` says, at small limits: 176,
-    208 and 256 columns (multiples of 16) in tiles of 256, 37 rows looping
+    second time for dx and dw) where `_reloads` says, at small limits: 128,
+    176, 208 and 256 columns (multiples of 16) in tiles of 256, 37 rows looping
     over the programs (the last tiles past M), under the plans of both
     Triton versions; FusedAdd with both outputs used (ds); fp16, as both
     take 16-bit inputs only. Bitwise the same outputs and gradients on a
@@ -716,6 +718,10 @@ OLD_TRITON, NEW_TRITON = TRITON_VERSIONS   # before PIPED_ALL_TRITON, and from i
     (OLD_TRITON, "fadd", dict(dx=1, dw=1), 208, "piped", True), (OLD_TRITON, "ln", dict(dx=1, dw=0, db=1), 208, "piped", True),
     (NEW_TRITON, "rms", dict(dx=1, dw=1), 208, "piped", True), (NEW_TRITON, "ln", dict(dx=1, dw=1, db=0), 208, "piped", True),
     (NEW_TRITON, "rms", dict(dx=1, dw=1), 176, "piped", True), (NEW_TRITON, "fadd", dict(dx=1, dw=1), 176, "piped", True),
+    # up to W_HELD_ROW_MAX from PIPED_ALL_TRITON on: w held, whatever the depth
+    (NEW_TRITON, "rms", dict(dx=1, dw=1), 144, "piped", False), (NEW_TRITON, "fadd", dict(dx=1, dw=1), 128, "piped", False),
+    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=0), 128, "piped", False), (NEW_TRITON, "ln", dict(dx=1, dw=0, db=1), 96, "piped", False),
+    (OLD_TRITON, "ln", dict(dx=1, dw=1, db=0), 128, "piped", True),
     (OLD_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None, None),   # fp32: twice the registers, it spills
     (NEW_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None, None),
     (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels
@@ -742,8 +748,9 @@ def test_one_acc_plan_is_chosen(version, name, want, N, plan, per_tile, monkeypa
     holding w through the loop, and the piped rows past PIPED_ROW_MAX
     always, up to it where w's pipeline buffers fit at full depth (no GPU
     here: they do, but in the `shallow` cases, where the depth is made one
-    less; the buffers: `test_pipeline_buffers_fit_shared_memory`); every
-    other launch holds it. Their results: `test_one_acc_backward`."""
+    less; the buffers: `test_pipeline_buffers_fit_shared_memory`), but from
+    PIPED_ALL_TRITON on not up to W_HELD_ROW_MAX; every other launch holds
+    it. Their results: `test_one_acc_backward`."""
     _one_acc_limits(monkeypatch, version)
     want = dict(want)
     if want.pop("shallow", False):
@@ -756,8 +763,9 @@ def test_one_acc_plan_is_chosen(version, name, want, N, plan, per_tile, monkeypa
 def test_one_acc_plan_at_real_limits(dtype, version, monkeypatch):
     """The one-parameter rows at the real limits, in a tile of 16384 on 16
     warps, by the rule of PIPED_ALL_TRITON. From it on every row piped, in
-    16-byte vectors, w per tile past PIPED_ROW_MAX. Before it, RELOAD where
-    `_reloads` says but at 14336, and narrow vectors (VEC =
+    16-byte vectors, w held up to W_HELD_ROW_MAX and per tile past it (the
+    buffers fit at full depth here). Before it, RELOAD where `_reloads`
+    says but at 14336, and narrow vectors (VEC =
     PIPED_VEC_ELEMENTS, w held) on RMSNorm's and FusedAdd's piped rows that
     end in the first half of a thread's last 16-byte repeat of 4096 (8193 to
     10240, multiples of 16), and past PIPED_ROW_MAX on every variant's rows
@@ -784,6 +792,8 @@ def test_one_acc_plan_at_real_limits(dtype, version, monkeypatch):
                 assert not c["W_PER_TILE"], (label, N)
             elif N > fn.PIPED_ROW_MAX:
                 assert c["W_PER_TILE"] == (piped or name == "ln"), (label, N)
+            else:
+                assert c["W_PER_TILE"] == (old or N > fn.W_HELD_ROW_MAX), (label, N)
 
 
 @pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
