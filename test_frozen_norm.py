@@ -689,14 +689,14 @@ def _one_acc_plan(name, N, want, dtype=torch.bfloat16):
 def test_one_acc_backward(name, params, N, version, monkeypatch):
     """Rows past ROW_BLOCK_MAX, up to RELOAD_ROW_BLOCK_MAX, whose backward
     trains one parameter take the tile kernel, a row per tile: piped (dw or
-    db added before the row reductions, N a compile-time constant; in a full
-    tile, masked lanes' xhat not zeroed), or with RELOAD (x and dy loaded a
-    second time for dx and dw) where `_reloads` says, at small limits: 128,
-    176, 208 and 256 columns (multiples of 16) in tiles of 256, 37 rows looping
-    over the programs (the last tiles past M), under the plans of both
-    Triton versions; FusedAdd with both outputs used (ds); fp16, as both
-    take 16-bit inputs only. Bitwise the same outputs and gradients on a
-    second run."""
+    db added before the row reductions, N a compile-time constant; in a
+    full tile, masked lanes' xhat not zeroed), or with RELOAD (x and dy
+    loaded a second time for dx and dw) where `_reloads` says, at small
+    limits: 128, 176, 208 and 256 columns (multiples of 16) in tiles of
+    256, 37 rows looping over the programs (the last tiles past M), under
+    the plans of both Triton versions; FusedAdd with both outputs used
+    (ds); fp16, as both take 16-bit inputs only. Bitwise the same outputs
+    and gradients on a second run."""
     _one_acc_limits(monkeypatch, version)
     want = {"dx": 1, "dw": params["weight"] == TRAIN}
     if "bias" in params:
@@ -765,12 +765,12 @@ def test_one_acc_plan_at_real_limits(dtype, version, monkeypatch):
     warps, by the rule of PIPED_ALL_TRITON. From it on every row piped, in
     16-byte vectors, w held up to W_HELD_ROW_MAX and per tile past it (the
     buffers fit at full depth here). Before it, RELOAD where `_reloads`
-    says but at 14336, and narrow vectors (VEC =
-    PIPED_VEC_ELEMENTS, w held) on RMSNorm's and FusedAdd's piped rows that
-    end in the first half of a thread's last 16-byte repeat of 4096 (8193 to
-    10240, multiples of 16), and past PIPED_ROW_MAX on every variant's rows
-    that end exactly at that half (14336), piped so instead of taking
-    RELOAD; no other row, and not LayerNorm's piped rows."""
+    says but at 14336, and narrow vectors (VEC = PIPED_VEC_ELEMENTS, w
+    held) on RMSNorm's and FusedAdd's piped rows that end in the first half
+    of a thread's last 16-byte repeat of 4096 (8193 to 10240, multiples of
+    16), and past PIPED_ROW_MAX on every variant's rows that end exactly at
+    that half (14336), piped so instead of taking RELOAD; no other row, and
+    not LayerNorm's piped rows."""
     from bench_frozen_norm import record_backward
     monkeypatch.setattr(fn, "_TRITON_VERSION", version)
     warps = fn.RELOAD_ROW_BLOCK_MAX // 32 // fn.RELOAD_ELEMENTS_PER_THREAD
