@@ -443,6 +443,13 @@ PADDED_PIPELINE_STAGES = PIPELINE_STAGES + 1
 # instruction of a loop bound by instruction issue. On 16 warps that is 2
 # elements a thread: a 4-byte copy, the narrowest that cp.async pipelines.
 PADDED_TAIL_BLOCK_N = 1024
+# LayerNorm's trained backward (dw and db: two accumulators) of 16-bit rows of
+# ROW_BLOCK_MAX + 1 to ROW_BLOCK_MAX + this: a tile of ROW_BLOCK_MAX and a
+# tail of the rest's power of two (at least PADDED_TAIL_BLOCK_N), w per tile,
+# one row per tile on the persistent grid, not the long-row kernels, whose
+# dw/db kernel reads x and dy from DRAM again. ptxas (Triton 3.8): no spill
+# up to a tail of 2048, 236 bytes at 4096 (3.6: none up to 1024).
+TWO_ACC_TAIL_MAX = 2048
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
@@ -1641,6 +1648,14 @@ def _rms_dx(g, xhat, c1, rstd):
 
 
 @triton.jit
+def _center_dx(g, xhat, c1, c2, rstd):
+    """dx = rstd * (g - xhat * c1 - c2) of a tile's rows (CENTER), rstd taken
+    into the row constants first: two FMAs an element, not an FMA, a
+    subtraction and a multiply."""
+    return g * rstd[:, None] - (c2 * rstd)[:, None] - xhat * (c1 * rstd)[:, None]
+
+
+@triton.jit
 def _store_dx(DX, DS, dx, rows, cols, M, N, stride_ds, stride_dx, HAS_DS: tl.constexpr):
     """dx (+ ds with HAS_DS) of a tile's rows and columns, stored in DX's dtype."""
     if HAS_DS:
@@ -1741,16 +1756,18 @@ def _row_norm_bwd_kernel(
     JOINT (with CENTER and COMPUTE_DX): a row's c1 and c2 sums reduced as one
     pair (`_add2`), one exchange between warps; False: a `tl.sum` each (see
     the JOINT rule beside LONG_BWD_MAX_REGISTERS).
-    TAIL (0, or PADDED_TAIL_BLOCK_N; ROWS = 1, without CENTER, RELOAD and
-    N_CONST): the row is a full tile of BLOCK_N columns and a tail tile of
-    TAIL columns after it (BLOCK_N < N <= BLOCK_N + TAIL), each with its own
-    accumulators, instead of one tile of 2 * BLOCK_N with masked lanes; the
-    tail's c1 terms are added to the tile's in registers before the one
-    reduction (`_tail_row_sum`). 0 removes the tail's loads, sums and stores.
+    TAIL (0, or PADDED_TAIL_BLOCK_N and up, TWO_ACC_TAIL_MAX; ROWS = 1,
+    without RELOAD and N_CONST): the row is a full tile of BLOCK_N columns
+    and a tail tile of TAIL columns after it (BLOCK_N < N <= BLOCK_N +
+    TAIL), each with its own accumulators, instead of one tile of 2 *
+    BLOCK_N with masked lanes; the tail's c1 terms (with CENTER, and c2's)
+    are added to the tile's in registers before the reduction
+    (`_tail_row_sum`; JOINT off). 0 removes the tail's loads, sums and
+    stores.
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
-    tl.static_assert(TAIL == 0 or (ROWS == 1 and not CENTER and not RELOAD and not N_CONST))
+    tl.static_assert(TAIL == 0 or (ROWS == 1 and not RELOAD and not N_CONST and not JOINT))
     padded: tl.constexpr = N_CONST != BLOCK_N   # the row may leave lanes of the tile empty (see N_CONST)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -1793,7 +1810,12 @@ def _row_norm_bwd_kernel(
         if COMPUTE_DX:
             if TAIL:
                 c1 = _tail_row_sum(xhat * g, xhat_t * g_t, ROWS, BLOCK_N, TAIL) / N
-                _store_dx(DX, DS, _rms_dx(g_t, xhat_t, c1, rstd), rows, tail, M, N, stride_ds, stride_dx, HAS_DS)
+                if CENTER:
+                    c2 = _tail_row_sum(g, g_t, ROWS, BLOCK_N, TAIL) / N
+                    dx_t = _center_dx(g_t, xhat_t, c1, c2, rstd)
+                else:
+                    dx_t = _rms_dx(g_t, xhat_t, c1, rstd)
+                _store_dx(DX, DS, dx_t, rows, tail, M, N, stride_ds, stride_dx, HAS_DS)
             elif CENTER and JOINT:
                 sum_xhat_g, sum_g = tl.reduce((xhat * g, g), 1, _add2)
                 c1 = sum_xhat_g / N
@@ -1805,9 +1827,8 @@ def _row_norm_bwd_kernel(
             if RELOAD:
                 dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER, HAS_W,
                                               "evict_first", True)
-            if CENTER:   # rstd * (g - xhat * c1 - c2) with rstd taken into the row constants first:
-                # two FMAs an element, not an FMA, a subtraction and a multiply
-                dx = g * rstd[:, None] - (c2 * rstd)[:, None] - xhat * (c1 * rstd)[:, None]
+            if CENTER:
+                dx = _center_dx(g, xhat, c1, c2, rstd)
             else:
                 dx = _rms_dx(g, xhat, c1, rstd)
             _store_dx(DX, DS, dx, rows, cols, M, n_tile, stride_ds, stride_dx, HAS_DS)
@@ -2146,7 +2167,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL). RMSNorm's and FusedAdd's trained 16-bit
     rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
-    tail (PADDED_TAIL_BLOCK_N), on the persistent grid.
+    tail (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just
+    past ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
+    ROW_BLOCK_MAX and a tail, one row per tile.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
     kernel, one row per tile, one program per SM (132 partial rows on an H200
     at N = 16384: 8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and
@@ -2210,9 +2233,16 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
                and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
-    if one_acc:
-        t = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
-                        elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
+    # LayerNorm's rows just past ROW_BLOCK_MAX with dx, dw and db: a tile of
+    # ROW_BLOCK_MAX and a tail (TWO_ACC_TAIL_MAX), a row per tile.
+    two_acc = (not t.one_pass and compute_dx and compute_dw and compute_db and mean is not None
+               and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX
+               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
+    if one_acc or two_acc:
+        row_tiles = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
+                                elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
+        two_acc = two_acc and row_tiles.rows == 1   # (at the real limits it is; at tests' small ones not always)
+        t = row_tiles if one_acc or two_acc else t
     all_piped = _TRITON_VERSION >= PIPED_ALL_TRITON
     narrow = one_acc and not all_piped and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
     reload = (one_acc and not (all_piped or narrow or fills_tile or N <= PIPED_ROW_MAX)
@@ -2223,7 +2253,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # beside x's and dy's at full depth (see PIPED_ROW_MAX), but in narrow
     # vectors (see PIPED_VEC_ELEMENTS) and, from PIPED_ALL_TRITON on, up to
     # W_HELD_ROW_MAX, which hold it.
-    w_per_tile = reload and mean is not None
+    w_per_tile = reload and mean is not None or two_acc   # two_acc: see TWO_ACC_TAIL_MAX
     if piped and weight is not None and not narrow:
         held_max = W_HELD_ROW_MAX if all_piped else 0
         w_per_tile = N > PIPED_ROW_MAX or N > held_max and _pipeline_stages(
@@ -2240,14 +2270,17 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # (one, for FusedAdd's with ds and w in a tile of 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
         tail = PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16) else 0
+        if two_acc:
+            tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2))
+        row_each = piped or two_acc   # a row per tile: its buffers counted as they are (`_pipeline_stages`)
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
-                      depth=PADDED_PIPELINE_STAGES if padded and not piped else PIPELINE_STAGES, exact=piped)
+                      depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each)
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
         # JOINT (see LONG_BWD_MAX_REGISTERS): trained, one program per SM; frozen, tiles of ROW_BLOCK_MAX.
-        joint = mean is not None and (_programs_per_sm(t.num_warps) == 1 and not one_acc if trains
-                                      else t.block_n == ROW_BLOCK_MAX)
+        joint = mean is not None and not tail and (_programs_per_sm(t.num_warps) == 1 and not one_acc if trains
+                                                   else t.block_n == ROW_BLOCK_MAX)
         # Frozen tiles of padded 16-bit rows up to PADDED_ROW_MIN (LayerNorm's
         # padded tiles, FusedAdd's with ds past 512): N a compile-time
         # constant, in vectors of NARROW_VEC_ELEMENTS (see the constant).

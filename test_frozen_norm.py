@@ -1007,6 +1007,36 @@ def test_padded_tail(name, N, dtype):
     check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name), along_y=True)
 
 
+@pytest.mark.parametrize("N, dtype", [(8208, torch.bfloat16), (9728, torch.float16), (10240, torch.bfloat16)])
+def test_layer_norm_two_acc_tail(N, dtype):
+    """LayerNorm's backward with dx, dw and db (two accumulators) on 16-bit
+    rows of ROW_BLOCK_MAX + 1 to ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX, aligned
+    for vectors: a tile of ROW_BLOCK_MAX and a tail of the rest's power of
+    two, at least PADDED_TAIL_BLOCK_N (8208: 16 elements in a tail of 1024;
+    9728: 1536 in 2048), w per tile, a row per tile, on the persistent grid;
+    checked against float64 with dy along y, so that c1 and c2 must sum the
+    tile's and the tail's terms, and bitwise the same on a second run. The
+    plan keeps the long-row kernels one past the limit, for fp32 and for an
+    unaligned row; dw alone stays piped, and frozen rows leave the tile."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    variants = VARIANTS["ln"]
+
+    def first(size, want, dtype=dtype):
+        launch = record_backward("ln", size, want, dtype).launches[0]
+        c = launch.constexprs
+        return launch.name, c.get("BLOCK_N"), c.get("TAIL"), c.get("W_PER_TILE"), c.get("ROWS")
+    tail = max(fn.PADDED_TAIL_BLOCK_N, 1 << (N - fn.ROW_BLOCK_MAX - 1).bit_length())
+    assert first((4096, N), variants["trainable"]) == ("_row_norm_bwd_kernel", fn.ROW_BLOCK_MAX, tail, True, 1)
+    longer = (4096, fn.ROW_BLOCK_MAX + fn.TWO_ACC_TAIL_MAX + 16)
+    for size, want, dt in [(longer, variants["trainable"], dtype), ((4096, N), variants["trainable"], torch.float32),
+                           ((4096, N + 8), variants["trainable"], dtype)]:
+        assert first(size, want, dt)[0] == "_long_row_norm_bwd_kernel", (size, dt)
+    assert first((4096, N), variants["frozen b"])[2] == 0          # dw alone: piped (no tail)
+    assert first((4096, N), variants["all frozen"])[0] == "_long_row_norm_bwd_kernel"
+    d = check_op(OPS["ln"], (3, N), dtype, ALL_TRAIN["ln"], _with_grads("ln"), along_y=True)
+    _assert_same_bits_twice(OPS["ln"], d)
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
 @pytest.mark.parametrize("mode", ["train", "frozen"])
 @pytest.mark.parametrize("M, N", [(3, 2560), (37, 576), (5, 1152)])
