@@ -604,12 +604,14 @@ def dce_report(ops, arch=90, with_ptxas=True):
 # tile, padded rows (in a tile, or on the long-row plan; the forwards' tiles
 # in 4- and 8-byte vectors at 4608 and 5120), RMSNorm's rows of whole chunks
 # under the higher register cap, the piped (in 16- and 8-byte vectors) and
-# RELOAD's trained rows, long rows with the dw/db kernel, wide chunks;
+# RELOAD's trained rows, LayerNorm's trained rows as a tile and a tail
+# (9216, TWO_ACC_TAIL_MAX), long rows with the dw/db kernel, wide chunks;
 # GroupNorm's long rows, one launch, two launches, statistics in pieces and
 # runs of tiles.
 PLAN_SIZES = {op: [(64, 512), (64, 1024), (64, 1280), (64, 4608), (64, 5120), (8, 12288), (8, 13312), (8, 14336),
                    (8, 16384), (8, 20480), (4, 65536)]
               for op in ("rms", "fadd", "ln", "poly")}
+PLAN_SIZES["ln"].insert(5, (8, 9216))
 PLAN_SIZES["gn"] = [(2, 6, 5, 7, 3), (16, 512, 64, 64, 32), (8, 1280, 32, 32, 32), (1, 512, 256, 256, 32),
                     (1, 32, 1024, 1024, 32), (1, 96, 512, 512, 32), (64, 128, 64, 64, 32)]
 
