@@ -1756,14 +1756,13 @@ def _row_norm_bwd_kernel(
     JOINT (with CENTER and COMPUTE_DX): a row's c1 and c2 sums reduced as one
     pair (`_add2`), one exchange between warps; False: a `tl.sum` each (see
     the JOINT rule beside LONG_BWD_MAX_REGISTERS).
-    TAIL (0, or PADDED_TAIL_BLOCK_N and up, TWO_ACC_TAIL_MAX; ROWS = 1,
-    without RELOAD and N_CONST): the row is a full tile of BLOCK_N columns
-    and a tail tile of TAIL columns after it (BLOCK_N < N <= BLOCK_N +
-    TAIL), each with its own accumulators, instead of one tile of 2 *
-    BLOCK_N with masked lanes; the tail's c1 terms (with CENTER, and c2's)
-    are added to the tile's in registers before the reduction
-    (`_tail_row_sum`; JOINT off). 0 removes the tail's loads, sums and
-    stores.
+    TAIL (0, or a power of two from PADDED_TAIL_BLOCK_N to TWO_ACC_TAIL_MAX;
+    ROWS = 1, without RELOAD, N_CONST and JOINT): the row is a full tile of
+    BLOCK_N columns and a tail tile of TAIL columns after it (BLOCK_N < N <=
+    BLOCK_N + TAIL), each with its own accumulators, instead of one tile of
+    2 * BLOCK_N with masked lanes; the tail's c1 terms (with CENTER, and
+    c2's) are added to the tile's in registers before each reduction
+    (`_tail_row_sum`). 0 removes the tail's loads, sums and stores.
     """
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
@@ -2241,7 +2240,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if one_acc or two_acc:
         row_tiles = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                                 elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
-        two_acc = two_acc and row_tiles.rows == 1   # (at the real limits it is; at tests' small ones not always)
+        two_acc = two_acc and row_tiles.rows == 1   # TAIL's one row per tile (at tests' small limits, not always)
         t = row_tiles if one_acc or two_acc else t
     all_piped = _TRITON_VERSION >= PIPED_ALL_TRITON
     narrow = one_acc and not all_piped and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
@@ -2265,14 +2264,15 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # RELOAD: the accumulator beside one row's loads at a time): a
         # persistent grid, whose programs accumulate dw/db. With neither
         # asked, one program per tile, as in the forward (but the tail's
-        # rows, `tail_rows`, which keep the persistent grid). Piped rows ask for
-        # PIPELINE_STAGES, padded or not: two rows' buffers are what fits
-        # (one, for FusedAdd's with ds and w in a tile of 16384: `_pipeline_stages`).
+        # rows, `tail_rows`, which keep the persistent grid). Piped rows and
+        # LayerNorm's tile and tail (a row per tile) ask for PIPELINE_STAGES,
+        # padded or not: two rows' buffers are what fits (one, for
+        # FusedAdd's with ds and w in a tile of 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
         tail = PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16) else 0
         if two_acc:
             tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2))
-        row_each = piped or two_acc   # a row per tile: its buffers counted as they are (`_pipeline_stages`)
+        row_each = piped or two_acc   # a row per tile: its buffers counted exactly (`_pipeline_stages`)
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
                       depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each)
         stages = 1 if reload else g.stages
