@@ -724,7 +724,8 @@ OLD_TRITON, NEW_TRITON = TRITON_VERSIONS   # before PIPED_ALL_TRITON, and from i
     (OLD_TRITON, "ln", dict(dx=1, dw=1, db=0), 128, "piped", True),
     (OLD_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None, None),   # fp32: twice the registers, it spills
     (NEW_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None, None),
-    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels
+    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels here
+    # (at the real limits a tile and a tail: `test_layer_norm_two_acc_tail`)
     (NEW_TRITON, "rms", dict(dx=1, dw=0), 176, None, None),          # nothing trained: the long-row dx kernel alone
     (NEW_TRITON, "rms", dict(dx=0, dw=1), 176, None, None),          # no dx: the dw/db kernel reads x and dy once
     (NEW_TRITON, "rms", dict(dx=1, dw=1), 200, None, None),          # not a multiple of 16: the loads would not vectorize
@@ -1017,7 +1018,8 @@ def test_layer_norm_two_acc_tail(N, dtype):
     checked against float64 with dy along y, so that c1 and c2 must sum the
     tile's and the tail's terms, and bitwise the same on a second run. The
     plan keeps the long-row kernels one past the limit, for fp32 and for an
-    unaligned row; dw alone stays piped, and frozen rows leave the tile."""
+    unaligned row; dw alone stays piped, and with neither trained the
+    long-row dx kernel runs."""
     from bench_frozen_norm import VARIANTS, record_backward
     variants = VARIANTS["ln"]
 
