@@ -2204,13 +2204,17 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # under LONG_BWD_MAX_REGISTERS (per-lane sums of 16-bit rows: LONG_BWD_SPILL_CHUNKS).
     presum = LONG_PRESUM if mean is not None or N > LONG_BWD_PRESUM_AFTER else 1
     may_spill = presum == 1 and x.element_size() == 2
+    # 16-bit rows past half a tile whose loads vectorize: the only rows the
+    # plans below of a tile and a tail, or of a row per tile, take (tested
+    # once, and not at all for the short rows of most calls).
+    vec16 = (N > ROW_BLOCK_MAX // 2 and max(x.element_size(), dy.element_size()) == 2
+             and _vector_aligned((N, *strides)))
     # RMSNorm's and FusedAdd's 16-bit rows just past half a tile of ROW_BLOCK_MAX, with dx asked: that
     # half and a tail (PADDED_TAIL_BLOCK_N; half of it filled at most with ds), trained, and FusedAdd's
     # frozen too, in the tile kernel's persistent grid, not the long-row kernel.
     tail_fill = PADDED_TAIL_BLOCK_N // 2 if ds is not None else PADDED_TAIL_BLOCK_N
     tail_rows = (compute_dx and mean is None and (trains or ds is not None)
-                 and ROW_BLOCK_MAX // 2 < N <= ROW_BLOCK_MAX // 2 + tail_fill
-                 and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
+                 and ROW_BLOCK_MAX // 2 < N <= ROW_BLOCK_MAX // 2 + tail_fill and vec16)
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
@@ -2230,13 +2234,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # kernel, a row per tile, piped or with RELOAD (PIPED_ROW_MAX,
     # PIPED_ALL_TRITON).
     one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
-               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
+               and vec16)
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
     # LayerNorm's rows just past ROW_BLOCK_MAX with dx, dw and db: a tile of
     # ROW_BLOCK_MAX and a tail (TWO_ACC_TAIL_MAX), a row per tile.
     two_acc = (not t.one_pass and compute_dx and compute_dw and compute_db and mean is not None
-               and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX
-               and _vector_aligned((N, *strides)) and max(x.element_size(), dy.element_size()) == 2)
+               and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX and vec16)
     if one_acc or two_acc:
         row_tiles = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                                 elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
@@ -2252,7 +2255,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # beside x's and dy's at full depth (see PIPED_ROW_MAX), but in narrow
     # vectors (see PIPED_VEC_ELEMENTS) and, from PIPED_ALL_TRITON on, up to
     # W_HELD_ROW_MAX, which hold it.
-    w_per_tile = reload and mean is not None or two_acc   # two_acc: see TWO_ACC_TAIL_MAX
+    w_per_tile = (reload and mean is not None) or two_acc   # two_acc: see TWO_ACC_TAIL_MAX
     if piped and weight is not None and not narrow:
         held_max = W_HELD_ROW_MAX if all_piped else 0
         w_per_tile = N > PIPED_ROW_MAX or N > held_max and _pipeline_stages(
@@ -2269,9 +2272,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # padded or not: two rows' buffers are what fits (one, for
         # FusedAdd's with ds and w in a tile of 16384: `_pipeline_stages`).
         padded = _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
-        tail = PADDED_TAIL_BLOCK_N if tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16) else 0
-        if two_acc:
-            tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2))
+        # A tile of half the row's tile and a tail of the rest's power of two (PADDED_TAIL_BLOCK_N at least).
+        tails = two_acc or (tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16))
+        tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2)) if tails else 0
         row_each = piped or two_acc   # a row per tile: its buffers counted exactly (`_pipeline_stages`)
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
                       depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each)
