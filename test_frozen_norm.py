@@ -1020,21 +1020,17 @@ def test_layer_norm_two_acc_tail(N, dtype):
     plan keeps the long-row kernels one past the limit, for fp32 and for an
     unaligned row; dw alone stays piped, and with neither trained the
     long-row dx kernel runs."""
-    from bench_frozen_norm import VARIANTS, record_backward
-    variants = VARIANTS["ln"]
-
-    def first(size, want, dtype=dtype):
-        launch = record_backward("ln", size, want, dtype).launches[0]
+    def first(call, size, dtype=dtype):
+        launch = _first_launch("ln", call, size, dtype)
         c = launch.constexprs
         return launch.name, c.get("BLOCK_N"), c.get("TAIL"), c.get("W_PER_TILE"), c.get("ROWS")
     tail = max(fn.PADDED_TAIL_BLOCK_N, 1 << (N - fn.ROW_BLOCK_MAX - 1).bit_length())
-    assert first((4096, N), variants["trainable"]) == ("_row_norm_bwd_kernel", fn.ROW_BLOCK_MAX, tail, True, 1)
+    assert first("trainable", (4096, N)) == ("_row_norm_bwd_kernel", fn.ROW_BLOCK_MAX, tail, True, 1)
     longer = (4096, fn.ROW_BLOCK_MAX + fn.TWO_ACC_TAIL_MAX + 16)
-    for size, want, dt in [(longer, variants["trainable"], dtype), ((4096, N), variants["trainable"], torch.float32),
-                           ((4096, N + 8), variants["trainable"], dtype)]:
-        assert first(size, want, dt)[0] == "_long_row_norm_bwd_kernel", (size, dt)
-    assert first((4096, N), variants["frozen b"])[2] == 0          # dw alone: piped (no tail)
-    assert first((4096, N), variants["all frozen"])[0] == "_long_row_norm_bwd_kernel"
+    for size, dt in [(longer, dtype), ((4096, N), torch.float32), ((4096, N + 8), dtype)]:
+        assert first("trainable", size, dt)[0] == "_long_row_norm_bwd_kernel", (size, dt)
+    assert first("frozen b", (4096, N))[2] == 0          # dw alone: piped (no tail)
+    assert first("all frozen", (4096, N))[0] == "_long_row_norm_bwd_kernel"
     d = check_op(OPS["ln"], (3, N), dtype, ALL_TRAIN["ln"], _with_grads("ln"), along_y=True)
     _assert_same_bits_twice(OPS["ln"], d)
 
