@@ -450,6 +450,15 @@ PADDED_TAIL_BLOCK_N = 1024
 # dw/db kernel reads x and dy from DRAM again. ptxas (Triton 3.8): no spill
 # up to a tail of 2048, 236 bytes at 4096 (3.6: none up to 1024).
 TWO_ACC_TAIL_MAX = 2048
+# LayerNorm's trained 16-bit rows of exactly this length (GPT-3's hidden size)
+# take both accumulators into the one-parameter rows' tile of
+# RELOAD_ROW_BLOCK_MAX, piped: on 16 warps the last of each thread's four
+# 16-byte vectors lies wholly past N, and N_CONST folds it away. ptxas spills
+# 80 bytes there under Triton 3.8 (56 under 3.6), yet that measured faster
+# than the long-row kernels; other rows past TWO_ACC_TAIL_MAX (masked lanes
+# in the tile, or at RELOAD_ROW_BLOCK_MAX twice the accumulators) measured
+# slower in it under Triton 3.6 (NOTES.md, section 6).
+TWO_ACC_FOLDED_ROW = 12288
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
 SMEM_RESERVE = 8192
@@ -2169,13 +2178,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     tail (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just
     past ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
     ROW_BLOCK_MAX and a tail, one row per tile.
-    Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked: the same
-    kernel, one row per tile, one program per SM (132 partial rows on an H200
-    at N = 16384: 8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and
-    LayerNorm's rows that train w past PIPED_ROW_MAX with RELOAD, but at 14336
-    (in narrow vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX; when
-    x and dy are 16-bit and N and the row strides are multiples of 16 (else
-    its loads would not vectorize). Longer rows: dx from
+    Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked (and
+    LayerNorm's of TWO_ACC_FOLDED_ROW with both): the same kernel, one row
+    per tile, one program per SM (132 partial rows on an H200 at N = 16384:
+    8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and LayerNorm's rows
+    that train w past PIPED_ROW_MAX with RELOAD, but at 14336 (in narrow
+    vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX; when x and dy
+    are 16-bit and N and the row strides are multiples of 16 (else its loads
+    would not vectorize). Longer rows: dx from
     `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
     N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1; with S = 1 (P
     = 1 for the tile kernel) the kernel writes dw and db themselves, with no
@@ -2230,26 +2240,28 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         t = _few_whole_chunks(t, x, M, N, **plan)
     if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
-    # Rows past ROW_BLOCK_MAX with dx and one trained parameter: in the tile
-    # kernel, a row per tile, piped or with RELOAD (PIPED_ROW_MAX,
-    # PIPED_ALL_TRITON).
-    one_acc = (not t.one_pass and compute_dx and compute_dw + compute_db == 1 and N <= RELOAD_ROW_BLOCK_MAX
-               and vec16)
+    # Rows past ROW_BLOCK_MAX with dx and one trained parameter, and
+    # LayerNorm's of TWO_ACC_FOLDED_ROW with both: in the tile kernel, a row
+    # per tile of RELOAD_ROW_BLOCK_MAX ("wide"), piped or with RELOAD
+    # (PIPED_ROW_MAX, PIPED_ALL_TRITON).
+    folded = mean is not None and compute_dw and compute_db and N == TWO_ACC_FOLDED_ROW
+    wide = (not t.one_pass and compute_dx and (compute_dw + compute_db == 1 or folded)
+            and N <= RELOAD_ROW_BLOCK_MAX and vec16)
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
     # LayerNorm's rows just past ROW_BLOCK_MAX with dx, dw and db: a tile of
     # ROW_BLOCK_MAX and a tail (TWO_ACC_TAIL_MAX), a row per tile.
     two_acc = (not t.one_pass and compute_dx and compute_dw and compute_db and mean is not None
                and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX and vec16)
-    if one_acc or two_acc:
+    if wide or two_acc:
         row_tiles = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                                 elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
         two_acc = two_acc and row_tiles.rows == 1   # TAIL's one row per tile (at tests' small limits, not always)
-        t = row_tiles if one_acc or two_acc else t
+        t = row_tiles if wide or two_acc else t
     all_piped = _TRITON_VERSION >= PIPED_ALL_TRITON
-    narrow = one_acc and not all_piped and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
-    reload = (one_acc and not (all_piped or narrow or fills_tile or N <= PIPED_ROW_MAX)
+    narrow = wide and not all_piped and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
+    reload = (wide and not (all_piped or narrow or fills_tile or N <= PIPED_ROW_MAX)
               and compute_dw and ds is None)   # RMSNorm's and LayerNorm's w, before PIPED_ALL_TRITON
-    piped = one_acc and not reload
+    piped = wide and not reload
     # LayerNorm's RELOAD with dw loads w per tile (see RELOAD_ROW_BLOCK_MAX);
     # piped rows past PIPED_ROW_MAX do, and shorter ones where its buffers fit
     # beside x's and dy's at full depth (see PIPED_ROW_MAX), but in narrow
@@ -2282,7 +2294,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
         # JOINT (see LONG_BWD_MAX_REGISTERS): trained, one program per SM; frozen, tiles of ROW_BLOCK_MAX.
-        joint = mean is not None and not tail and (_programs_per_sm(t.num_warps) == 1 and not one_acc if trains
+        joint = mean is not None and not tail and (_programs_per_sm(t.num_warps) == 1 and not wide if trains
                                                    else t.block_n == ROW_BLOCK_MAX)
         # Frozen tiles of padded 16-bit rows up to PADDED_ROW_MIN (LayerNorm's
         # padded tiles, FusedAdd's with ds past 512): N a compile-time

@@ -645,10 +645,12 @@ def _one_acc_limits(monkeypatch, version):
     """Small limits for the rows past a tile that train one parameter: tiles
     up to 64, piped rows up to 192 (3/4 of their tile of 256) and of 256 (the
     whole tile), between them RELOAD for the variants that take it there, w
-    held up to 144 from PIPED_ALL_TRITON on (W_HELD_ROW_MAX); the planner
-    told that Triton is at `version` (PIPED_ALL_TRITON)."""
+    held up to 144 from PIPED_ALL_TRITON on (W_HELD_ROW_MAX), LayerNorm's
+    with dw and db at 192 (TWO_ACC_FOLDED_ROW); the planner told that Triton
+    is at `version` (PIPED_ALL_TRITON)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "PIPED_ROW_MAX", 192)
+    monkeypatch.setattr(fn, "TWO_ACC_FOLDED_ROW", 192)
     monkeypatch.setattr(fn, "W_HELD_ROW_MAX", 144)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
     monkeypatch.setattr(fn, "_TRITON_VERSION", version)
@@ -725,7 +727,9 @@ OLD_TRITON, NEW_TRITON = TRITON_VERSIONS   # before PIPED_ALL_TRITON, and from i
     (OLD_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None, None),   # fp32: twice the registers, it spills
     (NEW_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None, None),
     (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels here
-    # (at the real limits a tile and a tail: `test_layer_norm_two_acc_tail`)
+    # (at the real limits a tile and a tail: `test_layer_norm_two_acc_tail`), but at TWO_ACC_FOLDED_ROW
+    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 192, "piped", True), (OLD_TRITON, "ln", dict(dx=1, dw=1, db=1), 192, "piped", True),
+    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 208, None, None), (NEW_TRITON, "ln", dict(dx=0, dw=1, db=1), 192, None, None),
     (NEW_TRITON, "rms", dict(dx=1, dw=0), 176, None, None),          # nothing trained: the long-row dx kernel alone
     (NEW_TRITON, "rms", dict(dx=0, dw=1), 176, None, None),          # no dx: the dw/db kernel reads x and dy once
     (NEW_TRITON, "rms", dict(dx=1, dw=1), 200, None, None),          # not a multiple of 16: the loads would not vectorize
@@ -1032,6 +1036,39 @@ def test_layer_norm_two_acc_tail(N, dtype):
     assert first("frozen b", (4096, N))[2] == 0          # dw alone: piped (no tail)
     assert first("all frozen", (4096, N))[0] == "_long_row_norm_bwd_kernel"
     d = check_op(OPS["ln"], (3, N), dtype, ALL_TRAIN["ln"], _with_grads("ln"), along_y=True)
+    _assert_same_bits_twice(OPS["ln"], d)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layer_norm_folded_row(dtype, monkeypatch):
+    """LayerNorm's backward with dx, dw and db on 16-bit rows of
+    TWO_ACC_FOLDED_ROW: both accumulators in the one-parameter rows' tile of
+    RELOAD_ROW_BLOCK_MAX, a row per tile, piped (N a compile-time constant),
+    w per tile, under the plans of both Triton versions; checked against
+    float64 with dy along y, and bitwise the same on a second run. Rows 16
+    shorter or longer, and fp32 rows, keep the long-row kernels. (At small
+    limits, with 37 rows: `test_one_acc_folded_row`.)"""
+    N = fn.TWO_ACC_FOLDED_ROW
+    for version in TRITON_VERSIONS:
+        monkeypatch.setattr(fn, "_TRITON_VERSION", version)
+        launch = _first_launch("ln", "trainable", (4096, N), dtype)
+        c = launch.constexprs
+        assert (launch.name, c["BLOCK_N"], c["N_CONST"], c["RELOAD"], c["TAIL"], c["W_PER_TILE"]) == (
+            "_row_norm_bwd_kernel", fn.RELOAD_ROW_BLOCK_MAX, N, False, 0, True), version
+        for size, dt in [((4096, N - 16), dtype), ((4096, N + 16), dtype), ((4096, N), torch.float32)]:
+            assert _first_launch("ln", "trainable", size, dt).name == "_long_row_norm_bwd_kernel", (version, size, dt)
+    d = check_op(OPS["ln"], (3, N), dtype, ALL_TRAIN["ln"], _with_grads("ln"), along_y=True)
+    _assert_same_bits_twice(OPS["ln"], d)
+
+
+@pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
+def test_one_acc_folded_row(version, monkeypatch):
+    """LayerNorm's folded rows (TWO_ACC_FOLDED_ROW) at the small limits of
+    `_one_acc_limits`: 37 rows of 192 in tiles of 256, fp16, dx, dw and db
+    against float64, and bitwise the same on a second run."""
+    _one_acc_limits(monkeypatch, version)
+    assert _one_acc_plan("ln", 192, dict(dx=1, dw=1, db=1), torch.float16) == ("piped", True)
+    d = check_op(OPS["ln"], (37, 192), torch.float16, ALL_TRAIN["ln"], _with_grads("ln"))
     _assert_same_bits_twice(OPS["ln"], d)
 
 
