@@ -453,11 +453,12 @@ TWO_ACC_TAIL_MAX = 2048
 # LayerNorm's trained 16-bit rows of exactly this length (GPT-3's hidden size)
 # take both accumulators into the one-parameter rows' tile of
 # RELOAD_ROW_BLOCK_MAX, piped: on 16 warps the last of each thread's four
-# 16-byte vectors lies wholly past N, and N_CONST folds it away. ptxas spills
-# 80 bytes there under Triton 3.8 (56 under 3.6), yet that measured faster
-# than the long-row kernels; other rows past TWO_ACC_TAIL_MAX (masked lanes
-# in the tile, or at RELOAD_ROW_BLOCK_MAX twice the accumulators) measured
-# slower in it under Triton 3.6 (NOTES.md, section 6).
+# 16-byte vectors lies past N in every thread, so with N_CONST its mask is
+# known false, and ptxas's code keeps no select and spills less (Triton 3.8:
+# 80 bytes, 3.6: 56; at 11264 88 and 288). That measured faster than the
+# long-row kernels; other rows past TWO_ACC_TAIL_MAX (the last vectors
+# masked in some threads only, or at RELOAD_ROW_BLOCK_MAX twice the
+# accumulators) measured slower in it under Triton 3.6 (NOTES.md, section 6).
 TWO_ACC_FOLDED_ROW = 12288
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
