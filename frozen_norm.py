@@ -1297,14 +1297,15 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # pipelines the rows; under Triton 3.6, whose code for that spills past
 # PIPED_ROW_MAX, RMSNorm's and LayerNorm's rows that train w load x and dy
 # again after the reduction there instead (RELOAD), from L1/L2 (see
-# PIPED_ALL_TRITON). Longer rows, or two accumulators
-# (LayerNorm's dw and db), take dw and db from `_row_norm_dwdb_kernel`, which
-# swaps the loops (each program owns a block of columns and walks the rows),
-# at the price of reading x and dy a second time from DRAM. Where its programs
-# walk all the rows (one row slice), their sums are dw itself: no scratch, no
-# reduction launch. While a CUDA graph is captured it runs beside the dx
-# kernel, on part of the SMs and a second stream, so that it finds much of x
-# and dy in L2 (DW_BESIDE_GRAPH).
+# PIPED_ALL_TRITON). Longer rows, or two accumulators (LayerNorm's dw and
+# db; but its 16-bit rows of up to ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX, a tile
+# and a tail, and of TWO_ACC_FOLDED_ROW), take dw and db from
+# `_row_norm_dwdb_kernel`, which swaps the loops (each program owns a block
+# of columns and walks the rows), at the price of reading x and dy a second
+# time from DRAM. Where its programs walk all the rows (one row slice), their
+# sums are dw itself: no scratch, no reduction launch. While a CUDA graph is
+# captured it runs beside the dx kernel, on part of the SMs and a second
+# stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
