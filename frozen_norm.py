@@ -2242,18 +2242,18 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         t = _few_whole_chunks(t, x, M, N, **plan)
     if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
-    # Rows past ROW_BLOCK_MAX with dx and one trained parameter, and
-    # LayerNorm's of TWO_ACC_FOLDED_ROW with both: in the tile kernel, a row
-    # per tile of RELOAD_ROW_BLOCK_MAX ("wide"), piped or with RELOAD
-    # (PIPED_ROW_MAX, PIPED_ALL_TRITON).
-    folded = mean is not None and compute_dw and compute_db and N == TWO_ACC_FOLDED_ROW
-    wide = (not t.one_pass and compute_dx and (compute_dw + compute_db == 1 or folded)
-            and N <= RELOAD_ROW_BLOCK_MAX and vec16)
+    # Rows past ROW_BLOCK_MAX with dx asked stay in the tile kernel, a row per
+    # tile: with one trained parameter, and LayerNorm's of TWO_ACC_FOLDED_ROW
+    # with both (`both`), in a tile of RELOAD_ROW_BLOCK_MAX ("wide"), piped or
+    # with RELOAD (PIPED_ROW_MAX, PIPED_ALL_TRITON); LayerNorm's just past
+    # ROW_BLOCK_MAX with both as a tile of ROW_BLOCK_MAX and a tail
+    # (TWO_ACC_TAIL_MAX).
+    row_each_dx = not t.one_pass and compute_dx and vec16
+    both = mean is not None and compute_dw and compute_db   # LayerNorm's two accumulators
+    wide = (row_each_dx and N <= RELOAD_ROW_BLOCK_MAX
+            and (compute_dw + compute_db == 1 or both and N == TWO_ACC_FOLDED_ROW))
+    two_acc = row_each_dx and both and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
-    # LayerNorm's rows just past ROW_BLOCK_MAX with dx, dw and db: a tile of
-    # ROW_BLOCK_MAX and a tail (TWO_ACC_TAIL_MAX), a row per tile.
-    two_acc = (not t.one_pass and compute_dx and compute_dw and compute_db and mean is not None
-               and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX and vec16)
     if wide or two_acc:
         row_tiles = _row_tiling(M, N, backward=True, block_max=RELOAD_ROW_BLOCK_MAX,
                                 elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
