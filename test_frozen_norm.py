@@ -704,8 +704,7 @@ def test_one_acc_backward(name, params, N, version, monkeypatch):
     if "bias" in params:
         want["db"] = params["bias"] == TRAIN
     assert _one_acc_plan(name, N, want, torch.float16)[0] == ("reload" if _reloads(name, want, N, version) else "piped")
-    d = check_op(OPS[name], (37, N), torch.float16, params, _with_grads(name))
-    _assert_same_bits_twice(OPS[name], d)
+    _check_twice(name, (37, N), torch.float16, params)
 
 
 OLD_TRITON, NEW_TRITON = TRITON_VERSIONS   # before PIPED_ALL_TRITON, and from it on
@@ -1035,8 +1034,7 @@ def test_layer_norm_two_acc_tail(N, dtype):
         assert first("trainable", size, dt)[0] == "_long_row_norm_bwd_kernel", (size, dt)
     assert first("frozen b", (4096, N))[2] == 0          # dw alone: piped (no tail)
     assert first("all frozen", (4096, N))[0] == "_long_row_norm_bwd_kernel"
-    d = check_op(OPS["ln"], (3, N), dtype, ALL_TRAIN["ln"], _with_grads("ln"), along_y=True)
-    _assert_same_bits_twice(OPS["ln"], d)
+    _check_twice("ln", (3, N), dtype, ALL_TRAIN["ln"], along_y=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -1057,8 +1055,7 @@ def test_layer_norm_folded_row(dtype, monkeypatch):
             "_row_norm_bwd_kernel", fn.RELOAD_ROW_BLOCK_MAX, N, False, 0, True), version
         for size, dt in [((4096, N - 16), dtype), ((4096, N + 16), dtype), ((4096, N), torch.float32)]:
             assert _first_launch("ln", "trainable", size, dt).name == "_long_row_norm_bwd_kernel", (version, size, dt)
-    d = check_op(OPS["ln"], (3, N), dtype, ALL_TRAIN["ln"], _with_grads("ln"), along_y=True)
-    _assert_same_bits_twice(OPS["ln"], d)
+    _check_twice("ln", (3, N), dtype, ALL_TRAIN["ln"], along_y=True)
 
 
 @pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
@@ -1068,8 +1065,7 @@ def test_one_acc_folded_row(version, monkeypatch):
     against float64, and bitwise the same on a second run."""
     _one_acc_limits(monkeypatch, version)
     assert _one_acc_plan("ln", 192, dict(dx=1, dw=1, db=1), torch.float16) == ("piped", True)
-    d = check_op(OPS["ln"], (37, 192), torch.float16, ALL_TRAIN["ln"], _with_grads("ln"))
-    _assert_same_bits_twice(OPS["ln"], d)
+    _check_twice("ln", (37, 192), torch.float16, ALL_TRAIN["ln"])
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
@@ -2206,6 +2202,13 @@ def _assert_same_bits_twice(op, d):
     """Two runs of `_outputs_and_grads` give bitwise the same tensors."""
     first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _check_twice(name, shape, dtype, params, along_y=False):
+    """`check_op` of op `name` against float64, every input with a gradient,
+    then bitwise the same outputs and gradients on a second run."""
+    op = OPS[name]
+    _assert_same_bits_twice(op, check_op(op, shape, dtype, params, _with_grads(name), along_y=along_y))
 
 
 @pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "poly-long-rows"])
