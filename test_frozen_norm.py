@@ -23,7 +23,7 @@ if not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import frozen_norm as fn  # noqa: E402  (after TRITON_INTERPRET is decided)
-from bench_frozen_norm import PLAN_TRITON_VERSIONS  # noqa: E402
+from bench_frozen_norm import FACTORY_OPS, PLAN_TRITON_VERSIONS  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
@@ -2430,6 +2430,92 @@ def test_rms_inf_as_torch(row_block_max, monkeypatch):
     assert torch.equal(out.isnan().cpu(), ref.isnan()) and ref.isnan().sum() == 1
     finite = ~ref.isnan()
     assert rel_error(out.cpu().double()[finite], ref[finite]) < 1e-6
+
+
+# ----------------------------------------------------------------------------
+# Memory safety: every store inside its tensor
+# ----------------------------------------------------------------------------
+
+GUARD_BYTES = 4096   # each side of a guarded tensor: more than one chunk of any kernel past a row's end
+GUARD_BYTE = 0xA5    # the guard's fill; an out-of-bounds store overwrites some of it
+
+
+class GuardedAllocations(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every tensor a factory op (empty, zeros, ...) or a clone creates,
+    placed between two guards of GUARD_BYTES filled with GUARD_BYTE in a
+    larger storage (same shape, strides and values; no view of anything).
+    A kernel that stores past the end or before the start of its output, its
+    statistics or its scratch changes a guard, and `assert_intact` says which
+    allocation's. Stores past a row's end into the next row are overwritten by
+    the next row's program on the interpreter, which runs programs in order;
+    the last row's reach the guard."""
+
+    def __init__(self):
+        super().__init__()
+        self.guarded = []   # (storage bytes, guard bytes, what was allocated)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in FACTORY_OPS or not isinstance(out, torch.Tensor):
+            return out
+        nbytes = out.untyped_storage().nbytes()
+        storage = torch.full((2 * GUARD_BYTES + nbytes,), GUARD_BYTE, dtype=torch.uint8, device=out.device)
+        guarded = torch.empty(0, dtype=out.dtype, device=out.device)
+        guarded.set_(storage.untyped_storage(), GUARD_BYTES // out.element_size() + out.storage_offset(),
+                     out.shape, out.stride())
+        guarded.copy_(out)
+        self.guarded.append((storage, nbytes, f"{func.overloadpacket.__name__} {tuple(out.shape)} {out.dtype}"))
+        return guarded
+
+    def assert_intact(self):
+        for storage, nbytes, what in self.guarded:
+            for guard in (storage[:GUARD_BYTES], storage[GUARD_BYTES + nbytes:]):
+                assert (guard == GUARD_BYTE).all(), f"a store outside {what}"
+
+
+def _guarded_inputs(d):
+    """x, the residual and the parameters of `d` between NaN guards of
+    GUARD_BYTES: a load past a tensor that reached a result would make it
+    NaN, which `rel_error` refuses."""
+    for k, v in d.items():
+        if isinstance(v, torch.Tensor):
+            pad = GUARD_BYTES // v.element_size()
+            storage = torch.full((2 * pad + v.numel(),), float("nan"), dtype=v.dtype, device=v.device)
+            d[k] = storage[pad: pad + v.numel()].view(v.shape).copy_(v.detach()).requires_grad_(v.requires_grad)
+    return d
+
+
+def _guard_cases():
+    """Every kernel family, with lengths whose masks are not all true: the
+    tiles (rows of 100 in tiles of 128, 37 rows), the long rows (203: a tail
+    of 11 in a chunk of 16; with pre-sums where a forward takes them, 200),
+    GroupNorm's own kernels, its split statistics and its long rows (3
+    channels a group: blocks of 4); trained (the scratch and its reduction)
+    and frozen."""
+    cases = [(name, "tile", (37, 100), None) for name in OPS if name != "gn"]
+    cases += [(name, "long", (13, 203), None) for name in OPS if name != "gn"]
+    cases += [("ln", "presum", (13, 200), None), ("poly", "presum", (13, 200), None)]
+    cases += [("gn", "tile", (2, 6, 5, 7), 2), ("gn", "split", (1, 6, 9), 2), ("gn", "long", (3, 6, 8, 8), 2)]
+    for (name, path, shape, groups), mode in itertools.product(cases, ["train", "frozen"]):
+        yield pytest.param(name, path, shape, groups, mode, id=f"{name}-{path}-{mode}")
+
+
+@pytest.mark.parametrize("name, path, shape, groups, mode", list(_guard_cases()))
+def test_stores_stay_inside(name, path, shape, groups, mode, monkeypatch):
+    """No kernel writes outside the tensors it was given (bf16: vectors of 8
+    per thread), and none reads past its inputs into a result."""
+    if path in ("long", "presum"):
+        (_group_long_rows_from if name == "gn" else _long_rows_from)(64, monkeypatch)
+        if path == "presum":
+            monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", 64)
+    params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
+    op = OPS[name]
+    make = op.make
+    monkeypatch.setattr(op, "make", lambda shape, dtype: _guarded_inputs(make(shape, dtype)))
+    with GuardedAllocations() as guard:
+        check_op(op, shape, torch.bfloat16, params, _with_grads(name), groups)
+    assert guard.guarded
+    guard.assert_intact()
 
 
 # ----------------------------------------------------------------------------
