@@ -2008,6 +2008,26 @@ def test_group_norm_long_rows_allocations(monkeypatch):
     assert rec.allocated_bytes == grad_bytes + 2 * shape[0] * shape[1] * 4, rec.allocations
 
 
+# Every kernel family, with lengths whose masks are not all true: the tiles
+# (37 rows of 100 in tiles of 128 columns), the long rows (203: chunks of 32,
+# the last with 11 columns, PolyNorm's in a tail chunk of 16; with pre-sums
+# where a forward takes them, 200), GroupNorm's own kernels, its split
+# statistics and its long rows (3 channels a group: blocks of 4).
+# (op, path, shape, groups); `_take_path` sets the limits.
+KERNEL_PATHS = [(name, "tile", (37, 100), None) for name in OPS if name != "gn"]
+KERNEL_PATHS += [(name, "long", (13, 203), None) for name in OPS if name != "gn"]
+KERNEL_PATHS += [("ln", "presum", (13, 200), None), ("poly", "presum", (13, 200), None)]
+KERNEL_PATHS += [("gn", "tile", (2, 6, 5, 7), 2), ("gn", "split", (1, 6, 9), 2), ("gn", "long", (3, 6, 8, 8), 2)]
+
+
+def _take_path(name, path, monkeypatch):
+    """The limits under which op `name` takes `path` of KERNEL_PATHS."""
+    if path in ("long", "presum"):
+        (_group_long_rows_from if name == "gn" else _long_rows_from)(64, monkeypatch)
+    if path == "presum":
+        monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", 64)
+
+
 # ----------------------------------------------------------------------------
 # Frozen means free: what the backward allocates
 # ----------------------------------------------------------------------------
@@ -2050,6 +2070,33 @@ def test_frozen_backward_allocates_only_input_grads(name, shape, groups, monkeyp
     min_scratch = {"gn": 2 * shape[0] * shape[1] * 4, "poly": (shape[0] if long_rows else 1) * 4 * 4}.get(
         name, shape[-1] * 4)
     assert scratch >= min_scratch, rec.allocations
+
+
+@pytest.mark.parametrize("name, path, shape, groups", [pytest.param(*p, id=f"{p[0]}-{p[1]}") for p in KERNEL_PATHS])
+def test_backward_flags_follow_needs_input_grad(name, path, shape, groups, monkeypatch):
+    """Under every freeze pattern, on every kernel path: no backward launch
+    has a COMPUTE_DX, COMPUTE_DW or COMPUTE_DB flag on whose gradient autograd
+    did not ask for (dx: of x or, FusedAdd, of the residual), and each that it
+    asked for is on in some launch (dx: or the long-row backward launched,
+    which has no COMPUTE_DX: its wrappers launch it only for dx). The forward
+    runs; the backward's kernels are recorded, not run."""
+    from bench_frozen_norm import recording
+    _take_path(name, path, monkeypatch)
+    op = OPS[name]
+    for params, inputs in freeze_patterns(op):
+        d = prepare(op, shape, torch.float32, params, inputs, groups)
+        outs = [o for o in as_tuple(op.run(d)) if o.requires_grad]
+        if not outs:
+            continue
+        leaves = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+        with recording(num_sms=fn._num_sms(torch.device(DEVICE))) as rec:
+            torch.autograd.grad(outs, leaves, grad_outputs(outs))
+        asked = {"COMPUTE_DX": any(inputs.values()), "COMPUTE_DW": params["weight"] == TRAIN,
+                 "COMPUTE_DB": params.get("bias") == TRAIN}
+        for flag, wanted in asked.items():
+            on = [launch.name for launch in rec.launches if launch.constexprs.get(flag, False)
+                  or (flag == "COMPUTE_DX" and launch.name == "_long_row_norm_bwd_kernel")]
+            assert bool(on) == wanted, (pattern_id(params, inputs), flag, on)
 
 
 # A backward kernel that leaves one row of dw/db sums writes the gradients
@@ -2486,28 +2533,16 @@ def _guarded_inputs(d):
 
 
 def _guard_cases():
-    """Every kernel family, with lengths whose masks are not all true: the
-    tiles (rows of 100 in tiles of 128, 37 rows), the long rows (203: a tail
-    of 11 in a chunk of 16; with pre-sums where a forward takes them, 200),
-    GroupNorm's own kernels, its split statistics and its long rows (3
-    channels a group: blocks of 4); trained (the scratch and its reduction)
-    and frozen."""
-    cases = [(name, "tile", (37, 100), None) for name in OPS if name != "gn"]
-    cases += [(name, "long", (13, 203), None) for name in OPS if name != "gn"]
-    cases += [("ln", "presum", (13, 200), None), ("poly", "presum", (13, 200), None)]
-    cases += [("gn", "tile", (2, 6, 5, 7), 2), ("gn", "split", (1, 6, 9), 2), ("gn", "long", (3, 6, 8, 8), 2)]
-    for (name, path, shape, groups), mode in itertools.product(cases, ["train", "frozen"]):
+    for (name, path, shape, groups), mode in itertools.product(KERNEL_PATHS, ["train", "frozen"]):
         yield pytest.param(name, path, shape, groups, mode, id=f"{name}-{path}-{mode}")
 
 
 @pytest.mark.parametrize("name, path, shape, groups, mode", list(_guard_cases()))
 def test_stores_stay_inside(name, path, shape, groups, mode, monkeypatch):
-    """No kernel writes outside the tensors it was given (bf16: vectors of 8
-    per thread), and none reads past its inputs into a result."""
-    if path in ("long", "presum"):
-        (_group_long_rows_from if name == "gn" else _long_rows_from)(64, monkeypatch)
-        if path == "presum":
-            monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", 64)
+    """No kernel writes outside the tensors it was given, and none reads past
+    its inputs into a result (bf16); trained (the scratch and its reduction)
+    and frozen."""
+    _take_path(name, path, monkeypatch)
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     op = OPS[name]
     make = op.make
