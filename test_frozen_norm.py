@@ -2483,7 +2483,7 @@ def test_rms_inf_as_torch(row_block_max, monkeypatch):
 # Memory safety: every store inside its tensor
 # ----------------------------------------------------------------------------
 
-GUARD_BYTES = 4096   # each side of a guarded tensor: more than one chunk of any kernel past a row's end
+GUARD_BYTES = 4096   # each side of a guarded tensor: wider than any chunk at KERNEL_PATHS' lengths (128 fp32)
 GUARD_BYTE = 0xA5    # the guard's fill; an out-of-bounds store overwrites some of it
 
 
@@ -2499,7 +2499,7 @@ class GuardedAllocations(torch.utils._python_dispatch.TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.guarded = []   # (storage bytes, guard bytes, what was allocated)
+        self.guarded = []   # (the guarded storage, the tensor's bytes in it, what was allocated)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -2539,9 +2539,9 @@ def _guard_cases():
 
 @pytest.mark.parametrize("name, path, shape, groups, mode", list(_guard_cases()))
 def test_stores_stay_inside(name, path, shape, groups, mode, monkeypatch):
-    """No kernel writes outside the tensors it was given, and none reads past
-    its inputs into a result (bf16); trained (the scratch and its reduction)
-    and frozen."""
+    """On every kernel path, in bf16, trained (the scratch and its reduction
+    too) and frozen: no kernel writes outside the tensors it was given, and
+    no load past an input reaches a result."""
     _take_path(name, path, monkeypatch)
     params = (ALL_TRAIN if mode == "train" else ALL_FROZEN)[name]
     op = OPS[name]
