@@ -2032,17 +2032,27 @@ def _take_path(name, path, monkeypatch):
 # Frozen means free: what the backward allocates
 # ----------------------------------------------------------------------------
 
-def backward_allocations(op, shape, groups, params, inputs):
-    """Bytes of every tensor created during the backward, and the bytes of the gradients it returns."""
+def recorded_backward(op, shape, groups, params, inputs, **recording_kw):
+    """The launches and allocations (a `bench_frozen_norm.Recording`, made
+    with `recording_kw`) of one backward through the outputs of `op` that
+    require grad, on fresh fp32 inputs, and the gradients it returns; (None,
+    None) where no output requires grad."""
     from bench_frozen_norm import Recording, recording
     d = prepare(op, shape, torch.float32, params, inputs, groups)
-    outs = op.run(d)
-    outs = [o for o in as_tuple(outs) if o.requires_grad]
+    outs = [o for o in as_tuple(op.run(d)) if o.requires_grad]
+    if not outs:
+        return None, None
     dys = grad_outputs(outs)
-    wanted = [v for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-    with recording(launch=True) as rec:
+    wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    with recording(**recording_kw) as rec:
         grads = torch.autograd.grad(outs, wanted, dys)
     assert isinstance(rec, Recording)
+    return rec, grads
+
+
+def backward_allocations(op, shape, groups, params, inputs):
+    """Bytes of every tensor created during the backward, and the bytes of the gradients it returns."""
+    rec, grads = recorded_backward(op, shape, groups, params, inputs, launch=True)
     returned = {g.data_ptr(): g.numel() * g.element_size() for g in grads}   # dx = dr counts once
     return rec, sum(returned.values())
 
@@ -2080,17 +2090,12 @@ def test_backward_flags_follow_needs_input_grad(name, path, shape, groups, monke
     asked for is on in some launch (dx: or the long-row backward launched,
     which has no COMPUTE_DX: its wrappers launch it only for dx). The forward
     runs; the backward's kernels are recorded, not run."""
-    from bench_frozen_norm import recording
     _take_path(name, path, monkeypatch)
     op = OPS[name]
     for params, inputs in freeze_patterns(op):
-        d = prepare(op, shape, torch.float32, params, inputs, groups)
-        outs = [o for o in as_tuple(op.run(d)) if o.requires_grad]
-        if not outs:
+        rec, _ = recorded_backward(op, shape, groups, params, inputs, num_sms=fn._num_sms(torch.device(DEVICE)))
+        if rec is None:   # nothing requires grad: no backward
             continue
-        leaves = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-        with recording(num_sms=fn._num_sms(torch.device(DEVICE))) as rec:
-            torch.autograd.grad(outs, leaves, grad_outputs(outs))
         asked = {"COMPUTE_DX": any(inputs.values()), "COMPUTE_DW": params["weight"] == TRAIN,
                  "COMPUTE_DB": params.get("bias") == TRAIN}
         for flag, wanted in asked.items():
@@ -2524,11 +2529,13 @@ def _guarded_inputs(d):
     """x, the residual and the parameters of `d` between NaN guards of
     GUARD_BYTES: a load past a tensor that reached a result would make it
     NaN, which `rel_error` refuses."""
+    def guarded(t):
+        pad = GUARD_BYTES // t.element_size()
+        return t.new_full((2 * pad + t.numel(),), float("nan"))[pad: pad + t.numel()].view(t.shape)
+
     for k, v in d.items():
         if isinstance(v, torch.Tensor):
-            pad = GUARD_BYTES // v.element_size()
-            storage = torch.full((2 * pad + v.numel(),), float("nan"), dtype=v.dtype, device=v.device)
-            d[k] = storage[pad: pad + v.numel()].view(v.shape).copy_(v.detach()).requires_grad_(v.requires_grad)
+            d[k] = _laid_out(v.detach(), guarded).requires_grad_(v.requires_grad)
     return d
 
 
