@@ -404,17 +404,28 @@ FACTORY_OPS = {"empty", "empty_strided", "zeros", "ones", "full", "empty_like", 
                "full_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "clone"}
 
 
-class AllocationRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+class FactoryOpMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """Hands every tensor that a factory op (empty, zeros, ...) or a clone
+    creates to `created(op name, tensor)`, whose result the caller gets instead."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        return self.created(name, out) if name in FACTORY_OPS and isinstance(out, torch.Tensor) else out
+
+    def created(self, name, out):
+        return out
+
+
+class AllocationRecorder(FactoryOpMode):
     """Records every tensor that a factory op (empty, zeros, ...) or a clone creates."""
 
     def __init__(self, allocations):
         super().__init__()
         self.allocations = allocations
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ in FACTORY_OPS and isinstance(out, torch.Tensor):
-            self.allocations.append((tuple(out.shape), out.dtype, out.numel() * out.element_size()))
+    def created(self, name, out):
+        self.allocations.append((tuple(out.shape), out.dtype, out.numel() * out.element_size()))
         return out
 
 

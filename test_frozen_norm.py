@@ -23,7 +23,7 @@ if not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import frozen_norm as fn  # noqa: E402  (after TRITON_INTERPRET is decided)
-from bench_frozen_norm import FACTORY_OPS, PLAN_TRITON_VERSIONS  # noqa: E402
+from bench_frozen_norm import PLAN_TRITON_VERSIONS, FactoryOpMode  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA device")
@@ -2492,7 +2492,7 @@ GUARD_BYTES = 4096   # each side of a guarded tensor: wider than any chunk at KE
 GUARD_BYTE = 0xA5    # the guard's fill; an out-of-bounds store overwrites some of it
 
 
-class GuardedAllocations(torch.utils._python_dispatch.TorchDispatchMode):
+class GuardedAllocations(FactoryOpMode):
     """Every tensor a factory op (empty, zeros, ...) or a clone creates,
     placed between two guards of GUARD_BYTES filled with GUARD_BYTE in a
     larger storage (same shape, strides and values; no view of anything).
@@ -2506,17 +2506,14 @@ class GuardedAllocations(torch.utils._python_dispatch.TorchDispatchMode):
         super().__init__()
         self.guarded = []   # (the guarded storage, the tensor's bytes in it, what was allocated)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ not in FACTORY_OPS or not isinstance(out, torch.Tensor):
-            return out
+    def created(self, name, out):
         nbytes = out.untyped_storage().nbytes()
         storage = torch.full((2 * GUARD_BYTES + nbytes,), GUARD_BYTE, dtype=torch.uint8, device=out.device)
         guarded = torch.empty(0, dtype=out.dtype, device=out.device)
         guarded.set_(storage.untyped_storage(), GUARD_BYTES // out.element_size() + out.storage_offset(),
                      out.shape, out.stride())
         guarded.copy_(out)
-        self.guarded.append((storage, nbytes, f"{func.overloadpacket.__name__} {tuple(out.shape)} {out.dtype}"))
+        self.guarded.append((storage, nbytes, f"{name} {tuple(out.shape)} {out.dtype}"))
         return guarded
 
     def assert_intact(self):
