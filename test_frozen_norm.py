@@ -2626,6 +2626,50 @@ def test_checkpoint():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", list(OPS))
+def test_inference_mode(name):
+    """Under torch.inference_mode (evaluation, serving): the outputs of a
+    call under autograd, bit for bit, as inference tensors."""
+    op = OPS[name]
+    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
+    outs = as_tuple(op.run(d))
+    with torch.inference_mode():
+        inferred = as_tuple(op.run(d))
+    assert len(inferred) == len(outs)
+    for a, b in zip(inferred, outs):
+        assert a.is_inference() and not a.requires_grad and torch.equal(a, b)
+
+
+class _AllFive(torch.nn.Module):
+    """One module of each kind, as a model would chain them."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.rms, self.fadd = fn.RMSNorm(n), fn.FusedAddRMSNorm(n)
+        self.ln, self.gn, self.poly = fn.LayerNorm(n), fn.GroupNorm(4, n), fn.PolyNorm()
+
+    def forward(self, x):
+        y, s = self.fadd(self.rms(x), x)
+        return self.poly(self.gn(self.ln(y) + s))
+
+
+def test_torch_export():
+    """torch.export takes a model of these modules (a graph for serving or
+    AOT compilation): each norm is one custom op of the module's namespace in
+    the exported graph, and the exported program gives eager's bits."""
+    torch.manual_seed(0)
+    m = _AllFive(48).to(DEVICE)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(1.0, 0.1)
+    x = randn(13, 48)
+    program = torch.export.export(m, (x,))
+    ops = [str(node.target) for node in program.graph.nodes if node.op == "call_function"]
+    assert sum(o.startswith(fn._OPS_NAMESPACE + ".") for o in ops) == 5, ops
+    assert torch.equal(program.module()(x), m(x))
+
+
 @gpu
 def test_autocast_keeps_input_dtype():
     """Under autocast the norm computes in fp32 internally and returns x's dtype.
