@@ -3092,6 +3092,32 @@ def test_modules_are_drop_in():
     assert torch.equal(fa.weight, torch.zeros(8))
 
 
+@pytest.mark.parametrize("trained", [True, False], ids=["train", "frozen"])
+def test_normalized_over_two_dims(trained):
+    """LayerNorm and RMSNorm over the last two dims (normalized_shape [4, 8],
+    parameters of shape (4, 8)): outputs and gradients of torch's modules,
+    computed in float64."""
+    torch.manual_seed(0)
+    for ref_type, our_type in [(torch.nn.LayerNorm, fn.LayerNorm), (torch.nn.RMSNorm, fn.RMSNorm)]:
+        ref = ref_type([4, 8], eps=1e-5).to(DEVICE)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.normal_(1.0, 0.1)
+        ours = our_type([4, 8], eps=1e-5).to(DEVICE)
+        ours.load_state_dict(ref.state_dict())
+        ours.requires_grad_(trained)
+        ref = ref.double().requires_grad_(trained)
+        x, dy = randn(3, 5, 4, 8).requires_grad_(), randn(3, 5, 4, 8)
+        x64 = x.detach().double().requires_grad_()
+        out, want = ours(x), ref(x64)
+        assert rel_error(out, want) < TOLERANCE[torch.float32]
+        got = torch.autograd.grad(out, [x, *ours.parameters()] if trained else [x], dy)
+        expected = torch.autograd.grad(want, [x64, *ref.parameters()] if trained else [x64], dy.double())
+        assert len(got) == len(expected) == (1 + len(list(ours.parameters())) if trained else 1)
+        for g, e in zip(got, expected):
+            assert g.shape == e.shape and rel_error(g, e) < TOLERANCE[torch.float32]
+
+
 class LlamaRMSNorm(torch.nn.Module):
     """A Hugging Face-style RMSNorm (computes in fp32, casts back, then scales)."""
 
