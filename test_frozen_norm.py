@@ -215,6 +215,12 @@ def pattern_id(params, inputs):
     return f"{p}-{i}"
 
 
+def small_case(name):
+    """(shape, groups) of a small call of op `name`: 37 rows of 100, or for
+    GroupNorm 2 x 6 x 5 x 7 in 3 groups; masks not all true in either."""
+    return ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+
+
 def prepare(op, shape, dtype, params, inputs, groups=None, param_dtype=None):
     """Inputs for one test: leaves with the requested requires_grad, absent params None."""
     d = op.make(shape, dtype)
@@ -1624,7 +1630,7 @@ def test_poly_backward_row_accumulators(M, N, rows, row_accumulators):
 @pytest.mark.parametrize("name", list(OPS))
 def test_mixed_dtypes(name, x_dtype, p_dtype):
     """x, weight and bias in different dtypes; each gradient in its own input's dtype."""
-    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    shape, groups = small_case(name)
     check_op(OPS[name], shape, x_dtype, ALL_TRAIN[name], _with_grads(name), groups, param_dtype=p_dtype)
 
 
@@ -2059,7 +2065,7 @@ def backward_allocations(op, shape, groups, params, inputs):
 
 def _alloc_cases():
     for name in OPS:
-        shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+        shape, groups = small_case(name)
         yield pytest.param(name, shape, groups, id=name)
     yield pytest.param("poly-long-rows", (37, 100), None, id="poly-long-rows")
 
@@ -2588,7 +2594,7 @@ def test_toggle_requires_grad_between_steps():
 @pytest.mark.parametrize("name", list(OPS))
 def test_gradients_accumulate(name):
     op = OPS[name]
-    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    shape, groups = small_case(name)
     d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
     first = None
     for _ in range(2):
@@ -2603,7 +2609,7 @@ def test_gradients_accumulate(name):
 @pytest.mark.parametrize("name", list(OPS))
 def test_double_backward_raises(name):
     op = OPS[name]
-    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    shape, groups = small_case(name)
     d = prepare(op, shape, torch.float32, ALL_TRAIN[name], _with_grads(name), groups)
     outs = op.run(d)
     loss = sum(o.pow(2).sum() for o in as_tuple(outs))
@@ -2631,7 +2637,7 @@ def test_inference_mode(name):
     """Under torch.inference_mode (evaluation, serving): the outputs of a
     call under autograd, bit for bit, as inference tensors."""
     op = OPS[name]
-    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((37, 100), None)
+    shape, groups = small_case(name)
     d = prepare(op, shape, torch.bfloat16, ALL_TRAIN[name], _with_grads(name), groups)
     outs = as_tuple(op.run(d))
     with torch.inference_mode():
@@ -3111,9 +3117,9 @@ def test_normalized_over_two_dims(trained):
         x64 = x.detach().double().requires_grad_()
         out, want = ours(x), ref(x64)
         assert rel_error(out, want) < TOLERANCE[torch.float32]
-        got = torch.autograd.grad(out, [x, *ours.parameters()] if trained else [x], dy)
-        expected = torch.autograd.grad(want, [x64, *ref.parameters()] if trained else [x64], dy.double())
-        assert len(got) == len(expected) == (1 + len(list(ours.parameters())) if trained else 1)
+        got = torch.autograd.grad(out, [x, *(ours.parameters() if trained else [])], dy)
+        expected = torch.autograd.grad(want, [x64, *(ref.parameters() if trained else [])], dy.double())
+        assert len(got) == len(expected) == 1 + trained * len(list(ours.parameters()))
         for g, e in zip(got, expected):
             assert g.shape == e.shape and rel_error(g, e) < TOLERANCE[torch.float32]
 
