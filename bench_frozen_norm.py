@@ -510,19 +510,26 @@ def ptx_stats(ptx):
 
 
 def ptxas_usage(ptx, arch="sm_90a"):
-    """Registers and spill bytes that ptxas reports for the PTX."""
+    """Registers and spill bytes that ptxas reports for the PTX: the ptxas that
+    Triton itself assembles it with (from Triton 3.9 a CUDA 13 one for sm_90
+    and newer, whose PTX the older ptxas beside it rejects). Raises if ptxas
+    fails, rather than leave the table's columns empty."""
     try:
-        from triton import knobs
-        ptxas = knobs.nvidia.ptxas.path
+        from triton.backends.nvidia.compiler import get_ptxas
     except Exception:   # no CUDA backend
         return {}
+    target = re.search(r"\.target\s+(\w+)", ptx)
+    arch = target.group(1) if target else arch
+    ptxas = get_ptxas(int(re.search(r"\d+", arch).group(0))).path
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        arch = re.search(r"\.target\s+(\w+)", ptx).group(1) if re.search(r"\.target\s+(\w+)", ptx) else arch
-        out = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.o")],
-                             capture_output=True, text=True).stderr
+        run = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.o")],
+                             capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"{ptxas} failed on {arch}: {run.stderr.strip()[:500]}")
+    out = run.stderr
     regs = re.search(r"Used (\d+) registers", out)
     spill_st = re.search(r"(\d+) bytes spill stores", out)
     spill_ld = re.search(r"(\d+) bytes spill loads", out)

@@ -3249,7 +3249,8 @@ def test_dce_flag_removes_scratch_stores(dce_report, name):
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_dce_frozen_variant(dce_report, name):
-    """The launched frozen variant: fewer global stores and launches, no scratch, no atomics anywhere."""
+    """The launched frozen variant: fewer global stores and launches, no scratch, no atomics
+    anywhere; every variant's registers and spills reported by ptxas."""
     variants = dce_report["ops"][name]["variants"]
     frozen = variants["all frozen" if "all frozen" in variants else "frozen w"]
     trainable = variants["trainable"]
@@ -3258,3 +3259,5 @@ def test_dce_frozen_variant(dce_report, name):
     assert frozen["scratch_bytes"] == 0 < trainable["scratch_bytes"]
     assert not {"DWp", "DBp", "Partial"} & set(frozen["stores_by_arg"])
     assert all(v["any_atomics"] == 0 for v in variants.values())
+    # ptxas's report (the --dce table's regs and spill): from the ptxas Triton assembles with.
+    assert all(isinstance(v["registers"], int) and isinstance(v["spill_bytes"], int) for v in variants.values())
