@@ -378,6 +378,7 @@ class Launch:
     constexprs: dict
     num_warps: int
     maxnreg: Optional[int] = None   # ptxas register cap, where the launch sets one
+    enable_fp_fusion: Optional[bool] = None   # as the launch passes it (fn.FP_FUSION)
 
 
 @dataclass
@@ -395,8 +396,9 @@ class _Recorder:
         self.kernel, self.name, self.launches = kernel, name, launches
 
     def __getitem__(self, grid):
-        def launch(*args, num_warps=4, maxnreg=None, **constexprs):
-            self.launches.append(Launch(self.kernel, self.name, tuple(grid), args, constexprs, num_warps, maxnreg))
+        def launch(*args, num_warps=4, maxnreg=None, enable_fp_fusion=None, **constexprs):
+            self.launches.append(Launch(self.kernel, self.name, tuple(grid), args, constexprs, num_warps, maxnreg,
+                                        enable_fp_fusion))
         return launch
 
 
@@ -574,7 +576,7 @@ def compile_launch(launch, arch=90, **flag_overrides):
     constexprs = dict(launch.constexprs, **flag_overrides)
     kernel = launch.kernel
     compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, num_warps=launch.num_warps,
-                                         maxnreg=launch.maxnreg, arch=arch)
+                                         maxnreg=launch.maxnreg, enable_fp_fusion=launch.enable_fp_fusion, arch=arch)
     runtime_args = [p for p, a in zip([p for p in kernel.arg_names if p not in constexprs], launch.args)
                     if not (a is None or (isinstance(a, int) and not isinstance(a, bool) and a == 1))]
     return compiled_kernel, runtime_args
@@ -682,28 +684,79 @@ def planned_for(version):
 PLAN_TRITON_VERSIONS = ((fn.PIPED_ALL_TRITON[0], fn.PIPED_ALL_TRITON[1] - 1), fn.PIPED_ALL_TRITON)
 
 
+def planned_launches(op):
+    """One launch of each code path (`_code_path` of every argument) that the
+    forward and each backward variant of `op` take at PLAN_SIZES, in bf16 and
+    fp32, the backward as planned for each of PLAN_TRITON_VERSIONS."""
+    seen = set()
+    for size, dtype in itertools.product(PLAN_SIZES[op], (torch.bfloat16, torch.float32)):
+        records = [record_forward(op, size, dtype)]
+        for version in PLAN_TRITON_VERSIONS:
+            with planned_for(version):
+                records += [record_backward(op, size, want, dtype) for want in VARIANTS[op].values()]
+        for launch in (lc for rec in records for lc in rec.launches):
+            key = (launch.name, tuple(sorted((k, _code_path(v)) for k, v in launch.constexprs.items())),
+                   tuple(map(_code_path, launch.args)))
+            if key not in seen:
+                seen.add(key)
+                yield launch
+
+
+class _CompileOnlyDriver:
+    """As much of Triton's CUDA driver as `JITFunction.warmup` asks for: an
+    sm_<arch> GPU as the current device. warmup compiles and launches nothing."""
+
+    def __init__(self, arch):
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("meta")
+
+
+@contextlib.contextmanager
+def compile_only_driver(arch):
+    """Inside the block, Triton's launcher compiles for sm_<arch>, GPU or not.
+    Afterwards the driver before it is back and the kernels forget the binders
+    they built for it."""
+    from triton.runtime import driver
+    saved = driver._active   # reset_active() would look for a real GPU
+    driver.set_active(_CompileOnlyDriver(arch))
+    try:
+        yield
+    finally:
+        driver._active = saved
+        for name in KERNELS:
+            getattr(fn, name).device_caches.clear()
+
+
 def compile_plans(ops, arch=90):
-    """Compile for sm_<arch> one launch of each code path (`_code_path` of
-    every argument) that the forward and each backward variant take at
-    PLAN_SIZES, in bf16 and fp32, the backward as planned for each of
-    PLAN_TRITON_VERSIONS. The interpreter runs the kernels' code but
-    not Triton's compiler, whose checks (a loop-carried value must keep its
-    type, say) only a compile makes. Returns {op: {kernel: launches compiled}}."""
-    seen, compiled = set(), {}
-    for op in ops:
-        counts = compiled.setdefault(op, Counter())
-        for size, dtype in itertools.product(PLAN_SIZES[op], (torch.bfloat16, torch.float32)):
-            records = [record_forward(op, size, dtype)]
-            for version in PLAN_TRITON_VERSIONS:
-                with planned_for(version):
-                    records += [record_backward(op, size, want, dtype) for want in VARIANTS[op].values()]
-            for launch in (lc for rec in records for lc in rec.launches):
-                key = (launch.name, tuple(sorted((k, _code_path(v)) for k, v in launch.constexprs.items())),
-                       tuple(map(_code_path, launch.args)))
-                if key not in seen:
-                    seen.add(key)
-                    compile_launch(launch, arch)
-                    counts[launch.name] += 1
+    """Compile for sm_<arch> each of `planned_launches`, through Triton's own
+    launcher (`JITFunction.warmup` under `compile_only_driver`): its binder
+    takes each launch's keyword arguments as it does on a GPU. The interpreter
+    runs the kernels' code but not Triton's compiler, whose checks (a
+    loop-carried value must keep its type, say) only a compile makes, and it
+    drops launch options it does not know, which the launcher rejects.
+    Returns {op: {kernel: launches compiled}}."""
+    compiled = {}
+    with compile_only_driver(arch):
+        for op in ops:
+            counts = compiled.setdefault(op, Counter())
+            for launch in planned_launches(op):
+                options = dict(num_warps=launch.num_warps, maxnreg=launch.maxnreg,
+                               enable_fp_fusion=launch.enable_fp_fusion)
+                options = {name: value for name, value in options.items() if value is not None}   # as passed
+                launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.constexprs, **options)
+                counts[launch.name] += 1
     return {op: dict(c) for op, c in compiled.items()}
 
 

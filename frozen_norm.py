@@ -545,6 +545,15 @@ GROUP_SUM_TILES = 4
 GROUP_TRAINED_MIN_CHUNKS = 6
 GROUP_TRAINED_MIN_HW = 2048
 
+# --- Every launch -------------------------------------------------------------
+
+# a * b + c compiled as one fused multiply-add (one rounding, one instruction):
+# the code every kernel here was written, tested and tuned with. Triton fuses
+# by default through 3.9, but 3.9 warns when a launch leaves it unset (its
+# default turns fusion off from 3.10), so every launch, and `compile_for_gpu`,
+# asks for it.
+FP_FUSION = True
+
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])   # (major, minor): PIPED_ALL_TRITON
 
@@ -1264,7 +1273,7 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
         partial_a, out_a, partial_b, out_b, partial_a.shape[0], partial_a.shape[1], n_b,
         partial_a.stride(0), 0 if partial_b is None else partial_b.stride(0), band_rows,
         HAS_B=partial_b is not None, BLOCK_P=step // block_n, BLOCK_N=block_n,
-        STAGES=PIPELINE_STAGES, num_warps=PARTIAL_WARPS)
+        STAGES=PIPELINE_STAGES, num_warps=PARTIAL_WARPS, enable_fp_fusion=FP_FUSION)
 
 
 # =============================================================================
@@ -2144,7 +2153,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-                HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps)
+                HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
     if t.one_pass:
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows,
                                              N_CONST=N if vec else 0, VEC=vec,
@@ -2310,7 +2319,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             W_PER_TILE=w_per_tile, N_CONST=N if piped or short_vec else 0,
             VEC=PIPED_VEC_ELEMENTS if narrow else short_vec,
             JOINT=joint, TAIL=tail,
-            num_warps=t.num_warps)
+            num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is
@@ -2332,7 +2341,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
                 JOINT=mean is not None and _holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
-                UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap)
+                UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap,
+                enable_fp_fusion=FP_FUSION)
         if beside:
             share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
             _run_beside(x.device, launch_dx, functools.partial(
@@ -2387,7 +2397,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         M, N, stride_dy, stride_x, rows_per_split,
         CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
         BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
-        LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers)
+        LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers, enable_fp_fusion=FP_FUSION)
     return dw_partial, db_partial
 
 
@@ -3027,7 +3037,8 @@ def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict
     elements share a channel (`_affine_index`)."""
     N = C // G * HW
     return dict(N=N, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
-                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps)
+                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps,
+                enable_fp_fusion=FP_FUSION)
 
 
 def _group_forward_tiling(x, num_groups) -> _GroupTiling:
@@ -3075,7 +3086,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             x3, y, _vector(weight), _vector(bias), stats, C, HW, C // num_groups, t.channels_per_split,
             t.splits, t.pieces, runs, stats.stride(0), float(eps), HAS_W=weight is not None,
             HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages,
-            num_warps=t.num_warps, **passes)
+            num_warps=t.num_warps, enable_fp_fusion=FP_FUSION, **passes)
 
     if t.splits == t.pieces == 1:
         launch(DO_STATS=True, DO_APPLY=True)
@@ -3091,7 +3102,8 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             x3, None, None, y, None, None, stats[:, 2], stats[:, 3], piece, 0, 0, 0, stats.stride(0), 1,
             float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
-            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), num_warps=plan.num_warps)
+            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), num_warps=plan.num_warps,
+            enable_fp_fusion=FP_FUSION)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
     launch(_group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device),
@@ -3159,7 +3171,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
                 dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, Cg, t.channels_per_split,
                 t.splits, pairs, runs, stats.stride(0), HAS_W=weight is not None,
                 COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=t.block_c,
-                BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, **passes)
+                BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, enable_fp_fusion=FP_FUSION, **passes)
 
         if compute_dx and t.splits == t.pieces == 1:
             launch(1, 1, DO_SUMS=True, DO_DX=True)
@@ -3684,12 +3696,12 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
                                              BLOCK_N=t.block_n, SEG=_row_segment(t, (x2,), (stride_x, N)),
-                                             num_warps=t.num_warps)
+                                             num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
                                          TAIL=_tail_block(N, t),
                                          PRESUM=_long_forward_presum(N, 3), UNROLL=_unrolled(N, t.block_n),
-                                         num_warps=t.num_warps)
+                                         num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
     return y, rstd
 
 
@@ -3735,7 +3747,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride),
                              narrow=_fills_poorly(N, t.block_n, PADDED_ROW_FILL)),   # LINE_MIN_BYTES
             STAGES=g.stages, num_warps=t.num_warps,
-            ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS)
+            ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS,
+            enable_fp_fusion=FP_FUSION)
     else:
         # One row per program, the row norms' long-row plan; a row's sums are
         # its dw/db summands, so the scratch is (M, 4).
@@ -3745,7 +3758,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
             N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            JOINT=_holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps, maxnreg=cap)
+            JOINT=_holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps, maxnreg=cap,
+            enable_fp_fusion=FP_FUSION)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
 
@@ -3980,14 +3994,15 @@ def _equivalent_norm(m: torch.nn.Module) -> Optional[torch.nn.Module]:
 _POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
 
 
-def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, maxnreg=None, arch=90):
+def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, maxnreg=None, enable_fp_fusion=FP_FUSION, arch=90):
     """Compile `kernel` for an NVIDIA GPU of compute capability `arch` (90: H100/H200), no GPU needed.
 
     args: the runtime arguments in order, as a launch would pass them (tensors
     give only their dtype, so 'meta' tensors do). constexprs: the constexpr
-    keyword arguments. num_warps and maxnreg (a register cap per thread) as
-    the launch sets them. Integers equal to 1 become constants and pointers and
-    multiples of 16 are marked 16-aligned, as Triton's launcher does.
+    keyword arguments. num_warps, maxnreg (a register cap per thread) and
+    enable_fp_fusion as the launch sets them (None: Triton's default).
+    Integers equal to 1 become constants and pointers and multiples of 16 are
+    marked 16-aligned, as Triton's launcher does.
     Returns Triton's compiled kernel: ``.asm`` has "ttir", "ttgir", "llir",
     "ptx" and "cubin"; ``.metadata`` the launch facts.
     """
@@ -4019,6 +4034,7 @@ def compile_for_gpu(kernel, args, constexprs, *, num_warps=4, maxnreg=None, arch
     signature = {name: signature[name] for name in kernel.arg_names}
     source = ASTSource(kernel, signature, constants, attrs)
     options = {"num_warps": num_warps}
-    if maxnreg is not None:
-        options["maxnreg"] = maxnreg
+    for name, value in (("maxnreg", maxnreg), ("enable_fp_fusion", enable_fp_fusion)):
+        if value is not None:   # None: Triton's default
+            options[name] = value
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)

@@ -3221,13 +3221,26 @@ def planned_code_paths(tmp_path_factory):
 def test_every_code_path_compiles(planned_code_paths):
     """Triton's compiler, which the interpreter skips, accepts every code path
     the wrappers take (flags, dtypes, launch modes) at the benchmark's
-    PLAN_SIZES, and those paths reach every kernel of the module: a kernel no
-    wrapper launches there would go unchecked."""
+    PLAN_SIZES, each compiled through Triton's launcher with the launch's own
+    keyword arguments (the interpreter drops an option it does not know), and
+    those paths reach every kernel of the module: a kernel no wrapper launches
+    there would go unchecked."""
     kernels = {name for name in dir(fn) if name.startswith("_") and name.endswith("_kernel")}
     assert len(kernels) == 12, kernels
     assert set().union(*planned_code_paths.values()) == kernels
     for op in OPS:
         assert sum(planned_code_paths[op].values()) > 10, (op, planned_code_paths[op])
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_launch_asks_for_fp_fusion(name):
+    """Every launch of the planned code paths passes enable_fp_fusion=FP_FUSION
+    (True): the code the kernels were tuned with whatever Triton's default
+    (Triton 3.9 warns at a launch that leaves it unset; 3.10 turns it off)."""
+    from bench_frozen_norm import planned_launches
+    launches = list(planned_launches(name))
+    assert fn.FP_FUSION is True and launches
+    assert [lc.name for lc in launches if lc.enable_fp_fusion is not True] == []
 
 
 @pytest.mark.parametrize("name", list(OPS))
