@@ -76,8 +76,8 @@ Contents (the section banners below)
 11. Seeing the dead code go: compiling for a GPU without one
 
 Tested with torch 2.11 and Triton 3.6 or 3.8 (NVIDIA H200, compiled) and torch
-2.14 / Triton 3.8 and 3.9 (CPU, through Triton's interpreter). NOTES.md has the
-figures.
+2.14 / Triton 3.8 and 2.15 / Triton 3.9 (CPU, through Triton's interpreter).
+NOTES.md has the figures.
 
 Vendoring
 ---------
