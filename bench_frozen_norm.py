@@ -380,6 +380,13 @@ class Launch:
     maxnreg: Optional[int] = None   # ptxas register cap, where the launch sets one
     enable_fp_fusion: Optional[bool] = None   # as the launch passes it (fn.FP_FUSION)
 
+    @property
+    def options(self) -> dict:
+        """The launch options as the launch passed them: num_warps, and maxnreg
+        and enable_fp_fusion where it set them (else Triton's defaults)."""
+        options = dict(num_warps=self.num_warps, maxnreg=self.maxnreg, enable_fp_fusion=self.enable_fp_fusion)
+        return {name: value for name, value in options.items() if value is not None}
+
 
 @dataclass
 class Recording:
@@ -752,10 +759,7 @@ def compile_plans(ops, arch=90):
         for op in ops:
             counts = compiled.setdefault(op, Counter())
             for launch in planned_launches(op):
-                options = dict(num_warps=launch.num_warps, maxnreg=launch.maxnreg,
-                               enable_fp_fusion=launch.enable_fp_fusion)
-                options = {name: value for name, value in options.items() if value is not None}   # as passed
-                launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.constexprs, **options)
+                launch.kernel.warmup(*launch.args, grid=launch.grid, **launch.constexprs, **launch.options)
                 counts[launch.name] += 1
     return {op: dict(c) for op, c in compiled.items()}
 
