@@ -458,7 +458,10 @@ TWO_ACC_TAIL_MAX = 2048
 # 80 bytes, 3.6: 56; at 11264 88 and 288). That measured faster than the
 # long-row kernels; other rows past TWO_ACC_TAIL_MAX (the last vectors
 # masked in some threads only, or at RELOAD_ROW_BLOCK_MAX twice the
-# accumulators) measured slower in it under Triton 3.6 (NOTES.md, section 6).
+# accumulators) measured slower in it under Triton 3.6. From PIPED_ALL_TRITON
+# on the rows between the tail's and this one take it too: its code spills
+# 88 bytes there and measured faster than the long-row kernels all the same
+# (NOTES.md, section 6).
 TWO_ACC_FOLDED_ROW = 12288
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
@@ -2190,7 +2193,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     past ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
     ROW_BLOCK_MAX and a tail, one row per tile.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked (and
-    LayerNorm's of TWO_ACC_FOLDED_ROW with both): the same kernel, one row
+    LayerNorm's with both, of ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX + 1 to
+    TWO_ACC_FOLDED_ROW from PIPED_ALL_TRITON on, of TWO_ACC_FOLDED_ROW alone
+    before it): the same kernel, one row
     per tile, one program per SM (132 partial rows on an H200 at N = 16384:
     8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and LayerNorm's rows
     that train w past PIPED_ROW_MAX with RELOAD, but at 14336 (in narrow
@@ -2253,14 +2258,16 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
     # Rows past ROW_BLOCK_MAX with dx asked stay in the tile kernel, a row per
     # tile: with one trained parameter, and LayerNorm's of TWO_ACC_FOLDED_ROW
-    # with both (`both`), in a tile of RELOAD_ROW_BLOCK_MAX ("wide"), piped or
-    # with RELOAD (PIPED_ROW_MAX, PIPED_ALL_TRITON); LayerNorm's just past
-    # ROW_BLOCK_MAX with both as a tile of ROW_BLOCK_MAX and a tail
-    # (TWO_ACC_TAIL_MAX).
+    # with both (`both`; from PIPED_ALL_TRITON on, those past the tail's too),
+    # in a tile of RELOAD_ROW_BLOCK_MAX ("wide"), piped or with RELOAD
+    # (PIPED_ROW_MAX, PIPED_ALL_TRITON); LayerNorm's just past ROW_BLOCK_MAX
+    # with both as a tile of ROW_BLOCK_MAX and a tail (TWO_ACC_TAIL_MAX).
+    all_piped = _TRITON_VERSION >= PIPED_ALL_TRITON
     row_each_dx = not t.one_pass and compute_dx and vec16
     both = mean is not None and compute_dw and compute_db   # LayerNorm's two accumulators
+    both_wide = N == TWO_ACC_FOLDED_ROW or all_piped and ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX < N < TWO_ACC_FOLDED_ROW
     wide = (row_each_dx and N <= RELOAD_ROW_BLOCK_MAX
-            and (compute_dw + compute_db == 1 or both and N == TWO_ACC_FOLDED_ROW))
+            and (compute_dw + compute_db == 1 or both and both_wide))
     two_acc = row_each_dx and both and ROW_BLOCK_MAX < N <= ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX
     fills_tile = N == RELOAD_ROW_BLOCK_MAX   # a row as wide as its tile: no masked lane
     if wide or two_acc:
@@ -2268,7 +2275,6 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                                 elements_per_thread=RELOAD_ELEMENTS_PER_THREAD)
         two_acc = two_acc and row_tiles.rows == 1   # TAIL's one row per tile (at tests' small limits, not always)
         t = row_tiles if wide or two_acc else t
-    all_piped = _TRITON_VERSION >= PIPED_ALL_TRITON
     narrow = wide and not all_piped and _narrow_vectors(t, N, mean is not None)   # PIPED_VEC_ELEMENTS
     reload = (wide and not (all_piped or narrow or fills_tile or N <= PIPED_ROW_MAX)
               and compute_dw and ds is None)   # RMSNorm's and LayerNorm's w, before PIPED_ALL_TRITON

@@ -652,11 +652,13 @@ def _one_acc_limits(monkeypatch, version):
     up to 64, piped rows up to 192 (3/4 of their tile of 256) and of 256 (the
     whole tile), between them RELOAD for the variants that take it there, w
     held up to 144 from PIPED_ALL_TRITON on (W_HELD_ROW_MAX), LayerNorm's
-    with dw and db at 192 (TWO_ACC_FOLDED_ROW); the planner told that Triton
-    is at `version` (PIPED_ALL_TRITON)."""
+    with dw and db at 192 (TWO_ACC_FOLDED_ROW), and from PIPED_ALL_TRITON on
+    past 160 (TWO_ACC_TAIL_MAX 96) up to it; the planner told that Triton is
+    at `version` (PIPED_ALL_TRITON)."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "PIPED_ROW_MAX", 192)
     monkeypatch.setattr(fn, "TWO_ACC_FOLDED_ROW", 192)
+    monkeypatch.setattr(fn, "TWO_ACC_TAIL_MAX", 96)
     monkeypatch.setattr(fn, "W_HELD_ROW_MAX", 144)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 256)
     monkeypatch.setattr(fn, "_TRITON_VERSION", version)
@@ -731,9 +733,11 @@ OLD_TRITON, NEW_TRITON = TRITON_VERSIONS   # before PIPED_ALL_TRITON, and from i
     (OLD_TRITON, "ln", dict(dx=1, dw=1, db=0), 128, "piped", True),
     (OLD_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 208, None, None),   # fp32: twice the registers, it spills
     (NEW_TRITON, "rms", dict(dx=1, dw=1, dtype=torch.float32), 176, None, None),
-    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels here
-    # (at the real limits a tile and a tail: `test_layer_norm_two_acc_tail`), but at TWO_ACC_FOLDED_ROW
+    (OLD_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, None, None),     # two accumulators: the long-row kernels here
+    # (at the real limits a tile and a tail: `test_layer_norm_two_acc_tail`), but at TWO_ACC_FOLDED_ROW,
+    # and from PIPED_ALL_TRITON on past ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX up to it
     (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 192, "piped", True), (OLD_TRITON, "ln", dict(dx=1, dw=1, db=1), 192, "piped", True),
+    (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 176, "piped", True), (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 160, None, None),
     (NEW_TRITON, "ln", dict(dx=1, dw=1, db=1), 208, None, None), (NEW_TRITON, "ln", dict(dx=0, dw=1, db=1), 192, None, None),
     (NEW_TRITON, "rms", dict(dx=1, dw=0), 176, None, None),          # nothing trained: the long-row dx kernel alone
     (NEW_TRITON, "rms", dict(dx=0, dw=1), 176, None, None),          # no dx: the dw/db kernel reads x and dy once
@@ -1018,7 +1022,7 @@ def test_padded_tail(name, N, dtype):
 
 
 @pytest.mark.parametrize("N, dtype", [(8208, torch.bfloat16), (9728, torch.float16), (10240, torch.bfloat16)])
-def test_layer_norm_two_acc_tail(N, dtype):
+def test_layer_norm_two_acc_tail(N, dtype, monkeypatch):
     """LayerNorm's backward with dx, dw and db (two accumulators) on 16-bit
     rows of ROW_BLOCK_MAX + 1 to ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX, aligned
     for vectors: a tile of ROW_BLOCK_MAX and a tail of the rest's power of
@@ -1026,18 +1030,21 @@ def test_layer_norm_two_acc_tail(N, dtype):
     9728: 1536 in 2048), w per tile, a row per tile, on the persistent grid;
     checked against float64 with dy along y, so that c1 and c2 must sum the
     tile's and the tail's terms, and bitwise the same on a second run. The
-    plan keeps the long-row kernels one past the limit, for fp32 and for an
-    unaligned row; dw alone stays piped, and with neither trained the
-    long-row dx kernel runs."""
+    plan keeps the long-row kernels for fp32 and for an unaligned row, and
+    one past the limit before PIPED_ALL_TRITON (from it on: the next test);
+    dw alone stays piped, and with neither trained the long-row dx kernel
+    runs."""
     def first(call, size, dtype=dtype):
         launch = _first_launch("ln", call, size, dtype)
         c = launch.constexprs
         return launch.name, c.get("BLOCK_N"), c.get("TAIL"), c.get("W_PER_TILE"), c.get("ROWS")
     tail = max(fn.PADDED_TAIL_BLOCK_N, 1 << (N - fn.ROW_BLOCK_MAX - 1).bit_length())
     assert first("trainable", (4096, N)) == ("_row_norm_bwd_kernel", fn.ROW_BLOCK_MAX, tail, True, 1)
-    longer = (4096, fn.ROW_BLOCK_MAX + fn.TWO_ACC_TAIL_MAX + 16)
-    for size, dt in [(longer, dtype), ((4096, N), torch.float32), ((4096, N + 8), dtype)]:
+    for size, dt in [((4096, N), torch.float32), ((4096, N + 8), dtype)]:
         assert first("trainable", size, dt)[0] == "_long_row_norm_bwd_kernel", (size, dt)
+    monkeypatch.setattr(fn, "_TRITON_VERSION", OLD_TRITON)
+    assert first("trainable", (4096, fn.ROW_BLOCK_MAX + fn.TWO_ACC_TAIL_MAX + 16))[0] == "_long_row_norm_bwd_kernel"
+    monkeypatch.undo()
     assert first("frozen b", (4096, N))[2] == 0          # dw alone: piped (no tail)
     assert first("all frozen", (4096, N))[0] == "_long_row_norm_bwd_kernel"
     _check_twice("ln", (3, N), dtype, ALL_TRAIN["ln"], along_y=True)
@@ -1048,30 +1055,39 @@ def test_layer_norm_folded_row(dtype, monkeypatch):
     """LayerNorm's backward with dx, dw and db on 16-bit rows of
     TWO_ACC_FOLDED_ROW: both accumulators in the one-parameter rows' tile of
     RELOAD_ROW_BLOCK_MAX, a row per tile, piped (N a compile-time constant),
-    w per tile, under the plans of both Triton versions; checked against
-    float64 with dy along y, and bitwise the same on a second run. Rows 16
-    shorter or longer, and fp32 rows, keep the long-row kernels. (At small
+    w per tile, under the plans of both Triton versions, and from
+    PIPED_ALL_TRITON on the rows past the tail's (ROW_BLOCK_MAX +
+    TWO_ACC_TAIL_MAX) too; checked against float64 with dy along y, and
+    bitwise the same on a second run. Rows 16 longer, fp32 rows, and before
+    PIPED_ALL_TRITON rows 16 shorter, keep the long-row kernels. (At small
     limits, with 37 rows: `test_one_acc_folded_row`.)"""
     N = fn.TWO_ACC_FOLDED_ROW
+    shortest = fn.ROW_BLOCK_MAX + fn.TWO_ACC_TAIL_MAX + 16
     for version in TRITON_VERSIONS:
         monkeypatch.setattr(fn, "_TRITON_VERSION", version)
-        launch = _first_launch("ln", "trainable", (4096, N), dtype)
-        c = launch.constexprs
-        assert (launch.name, c["BLOCK_N"], c["N_CONST"], c["RELOAD"], c["TAIL"], c["W_PER_TILE"]) == (
-            "_row_norm_bwd_kernel", fn.RELOAD_ROW_BLOCK_MAX, N, False, 0, True), version
-        for size, dt in [((4096, N - 16), dtype), ((4096, N + 16), dtype), ((4096, N), torch.float32)]:
+        wide = [N] + ([shortest, N - 16] if version >= fn.PIPED_ALL_TRITON else [])
+        for n in wide:
+            launch = _first_launch("ln", "trainable", (4096, n), dtype)
+            c = launch.constexprs
+            assert (launch.name, c["BLOCK_N"], c["N_CONST"], c["RELOAD"], c["TAIL"], c["W_PER_TILE"]) == (
+                "_row_norm_bwd_kernel", fn.RELOAD_ROW_BLOCK_MAX, n, False, 0, True), (version, n)
+        long = [((4096, N + 16), dtype), ((4096, N), torch.float32)]
+        long += [] if version >= fn.PIPED_ALL_TRITON else [((4096, shortest), dtype), ((4096, N - 16), dtype)]
+        for size, dt in long:
             assert _first_launch("ln", "trainable", size, dt).name == "_long_row_norm_bwd_kernel", (version, size, dt)
     _check_twice("ln", (3, N), dtype, ALL_TRAIN["ln"], along_y=True)
 
 
 @pytest.mark.parametrize("version", TRITON_VERSIONS, ids=VERSION_IDS)
 def test_one_acc_folded_row(version, monkeypatch):
-    """LayerNorm's folded rows (TWO_ACC_FOLDED_ROW) at the small limits of
-    `_one_acc_limits`: 37 rows of 192 in tiles of 256, fp16, dx, dw and db
-    against float64, and bitwise the same on a second run."""
+    """LayerNorm's rows of TWO_ACC_FOLDED_ROW, and from PIPED_ALL_TRITON on
+    those past the tail's, at the small limits of `_one_acc_limits`: 37 rows
+    of 192 (and 176) in tiles of 256, fp16, dx, dw and db against float64,
+    and bitwise the same on a second run."""
     _one_acc_limits(monkeypatch, version)
-    assert _one_acc_plan("ln", 192, dict(dx=1, dw=1, db=1), torch.float16) == ("piped", True)
-    _check_twice("ln", (37, 192), torch.float16, ALL_TRAIN["ln"])
+    for N in [192] + ([176] if version >= fn.PIPED_ALL_TRITON else []):
+        assert _one_acc_plan("ln", N, dict(dx=1, dw=1, db=1), torch.float16) == ("piped", True)
+        _check_twice("ln", (37, N), torch.float16, ALL_TRAIN["ln"])
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln", "poly"])
