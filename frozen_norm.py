@@ -1566,14 +1566,20 @@ def _long_row_norm_fwd_kernel(
     # sum(m2_v + n * (mean_v - mean)^2), every term >= 0. (A `tl.reduce` with
     # Chan's pairwise merge, which divides at every step, measured slower.)
     # Chunk 0, which the planner makes whole, is taken first: it gives k;
-    # elements past N count n = 0 and add nothing.
+    # elements past N count n = 0 and add nothing. With PRESUM 1 a group is
+    # one lane and chunk 0 holds only its k, so x - k = 0: chunk 0 adds
+    # nothing to s1 and s2, and the code that would add it is left out.
     groups = _lane_groups(BLOCK_N, PRESUM)
     if CENTER:
         x0 = _long_row_chunk(X, R, S, groups, groups < N, HAS_RESIDUAL)
         k_v = tl.sum(tl.where(tl.arange(0, PRESUM)[None, :] == 0, x0, 0.0), axis=1)
-        d0 = tl.where(groups < N, x0 - k_v[:, None], 0.0)
-        s1_v = tl.sum(d0, axis=1)
-        m2_v = tl.sum(d0 * d0, axis=1)
+        if PRESUM == 1:
+            s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+            m2_v = tl.zeros([BLOCK_N], dtype=tl.float32)
+        else:
+            d0 = tl.where(groups < N, x0 - k_v[:, None], 0.0)
+            s1_v = tl.sum(d0, axis=1)
+            m2_v = tl.sum(d0 * d0, axis=1)
     else:
         m2_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     first: tl.constexpr = BLOCK_N if CENTER else 0
@@ -1589,8 +1595,11 @@ def _long_row_norm_fwd_kernel(
             m2_v += tl.sum(x * x, axis=1)
     if CENTER:
         n_v = tl.sum(tl.where(groups < N, (N - 1 - groups) // BLOCK_N + 1, 0), axis=1).to(tl.float32)
-        mean_v = k_v + s1_v / tl.maximum(n_v, 1.0)
-        m2_v -= s1_v * s1_v / tl.maximum(n_v, 1.0)
+        # One reciprocal per group, then multiplies: a division is a call of
+        # several instructions (its range fix-up), and there is one per group.
+        inv_n_v = 1.0 / tl.maximum(n_v, 1.0)
+        mean_v = k_v + s1_v * inv_n_v
+        m2_v -= s1_v * s1_v * inv_n_v
         mean = tl.sum(n_v * mean_v, axis=0) / N
         d_v = mean_v - mean
         m2 = tl.sum(m2_v + n_v * d_v * d_v, axis=0)
