@@ -75,8 +75,8 @@ Contents (the section banners below)
 10. Swapping modules in place: replace_norms
 11. Seeing the dead code go: compiling for a GPU without one
 
-Tested with torch 2.11 and Triton 3.6 or 3.8 (NVIDIA H200, compiled) and torch
-2.14 / Triton 3.8 and 2.15 / Triton 3.9 (CPU, through Triton's interpreter).
+Tested with torch 2.11 and Triton 3.6, 3.8 or 3.9 (NVIDIA H200, compiled) and
+torch 2.14 / Triton 3.8 and 2.15 / Triton 3.9 (CPU, through Triton's interpreter).
 NOTES.md has the figures.
 
 Vendoring
