@@ -582,8 +582,7 @@ def compile_launch(launch, arch=90, **flag_overrides):
     """Compile a recorded launch for sm_<arch> (optionally with some constexprs changed)."""
     constexprs = dict(launch.constexprs, **flag_overrides)
     kernel = launch.kernel
-    compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, num_warps=launch.num_warps,
-                                         maxnreg=launch.maxnreg, enable_fp_fusion=launch.enable_fp_fusion, arch=arch)
+    compiled_kernel = fn.compile_for_gpu(kernel, launch.args, constexprs, arch=arch, **launch.options)
     runtime_args = [p for p, a in zip([p for p in kernel.arg_names if p not in constexprs], launch.args)
                     if not (a is None or (isinstance(a, int) and not isinstance(a, bool) and a == 1))]
     return compiled_kernel, runtime_args

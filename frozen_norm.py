@@ -460,8 +460,8 @@ TWO_ACC_TAIL_MAX = 2048
 # masked in some threads only, or at RELOAD_ROW_BLOCK_MAX twice the
 # accumulators) measured slower in it under Triton 3.6. From PIPED_ALL_TRITON
 # on the rows between the tail's and this one take it too: its code spills
-# 88 bytes there and measured faster than the long-row kernels all the same
-# (NOTES.md, section 6).
+# 88 bytes at 10752 and 11264 and measured faster than the long-row kernels
+# all the same (NOTES.md, section 6).
 TWO_ACC_FOLDED_ROW = 12288
 # Shared memory an SM keeps back from the pipeline buffers: the 1 KB per-block
 # system reserve and Triton's scratch for cross-warp reductions.
@@ -1595,8 +1595,8 @@ def _long_row_norm_fwd_kernel(
             m2_v += tl.sum(x * x, axis=1)
     if CENTER:
         n_v = tl.sum(tl.where(groups < N, (N - 1 - groups) // BLOCK_N + 1, 0), axis=1).to(tl.float32)
-        # One reciprocal per group, then multiplies: a division is a call of
-        # several instructions (its range fix-up), and there is one per group.
+        # One reciprocal per group, then multiplies, instead of two divisions:
+        # a division is several instructions (its range fix-up).
         inv_n_v = 1.0 / tl.maximum(n_v, 1.0)
         mean_v = k_v + s1_v * inv_n_v
         m2_v -= s1_v * s1_v * inv_n_v
@@ -2204,12 +2204,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked (and
     LayerNorm's with both, of ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX + 1 to
     TWO_ACC_FOLDED_ROW from PIPED_ALL_TRITON on, of TWO_ACC_FOLDED_ROW alone
-    before it): the same kernel, one row
-    per tile, one program per SM (132 partial rows on an H200 at N = 16384:
-    8.7 MB), piped; before PIPED_ALL_TRITON, RMSNorm's and LayerNorm's rows
-    that train w past PIPED_ROW_MAX with RELOAD, but at 14336 (in narrow
-    vectors, PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX; when x and dy
-    are 16-bit and N and the row strides are multiples of 16 (else its loads
+    before it): the same kernel, one row per tile, one program per SM (132
+    partial rows on an H200 at N = 16384: 8.7 MB), piped; before
+    PIPED_ALL_TRITON, RMSNorm's and LayerNorm's rows that train w past
+    PIPED_ROW_MAX with RELOAD, but at 14336 (in narrow vectors,
+    PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX; when x and dy are 16-bit
+    and N and the row strides are multiples of 16 (else its loads
     would not vectorize). Longer rows: dx from
     `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
     N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1; with S = 1 (P
