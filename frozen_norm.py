@@ -294,6 +294,20 @@ LONG_BWD_SPILL_MAX_REGISTERS = 128
 LONG_BWD_SPILL_CHUNK_MIN = 1024
 LONG_BWD_8_WARP_MAX_REGISTERS = 80
 LONG_BWD_8_WARP_MIN_CHUNKS = 7
+# From this Triton (major, minor) on, sm_90 is assembled by the CUDA 13 ptxas
+# of Triton's wheel, which spills RMSNorm's and FusedAdd's long-row dx kernel
+# on 16-bit rows whose loads vectorize (`vec16` in `_row_norm_backward`; not
+# the others) where the CUDA 12 one did not: on 4 and 8 warps under
+# LONG_BWD_MAX_REGISTERS in LONG_BWD_SPILL_CHUNKS unrolled chunks (rows of
+# 4097 to 5119 and 8193 to 10239), and under LONG_BWD_8_WARP_MAX_REGISTERS in
+# 7 (12289 to 14335). From it on those chunks of 4 and 8 warps take
+# CUDA13_MAX_REGISTERS, which they fit without a spill (six and three
+# programs per SM, not eight and four), and RMSNorm's frozen chunks under
+# LONG_BWD_8_WARP_MAX_REGISTERS take LONG_BWD_SPILL_MAX_REGISTERS (two
+# programs per SM, not three); FusedAdd's keep it, spilling, which measured
+# as fast as 96 or 128 and faster at 10240 (`_cuda13_cap`; NOTES.md, 5.5).
+CUDA13_PTXAS_TRITON = (3, 9)
+CUDA13_MAX_REGISTERS = 80
 # JOINT (a kernel flag). The long-row backwards with several row sums
 # (LayerNorm's and GroupNorm's two, PolyNorm's three or four) reduce them
 # across warps as one tuple, one exchange through shared memory instead of one
@@ -736,6 +750,19 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int, whole_per_lane: bo
     if t.num_warps != 8 or x.element_size() != 2:
         return False
     return whole_per_lane or (_unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
+
+
+def _cuda13_cap(cap: int, t: "_RowTiling", N: int, rms_frozen: bool) -> int:
+    """The register cap of RMSNorm's and FusedAdd's long-row dx kernel on
+    16-bit rows whose loads vectorize, from CUDA13_PTXAS_TRITON on, given the
+    cap it takes before: raised where CUDA 13's ptxas spills (see the constant)."""
+    if t.num_warps not in (4, 8):
+        return cap
+    if cap == LONG_BWD_MAX_REGISTERS and _unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_SPILL_CHUNKS:
+        return CUDA13_MAX_REGISTERS
+    if cap == LONG_BWD_8_WARP_MAX_REGISTERS and rms_frozen:
+        return LONG_BWD_SPILL_MAX_REGISTERS
+    return cap
 
 
 def _fwd_chunks(t: "_RowTiling", x: torch.Tensor, N: int, sums: int) -> "_RowTiling":
@@ -2351,6 +2378,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
             cap = (LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N, whole_per_lane)   # three programs per SM
                    else LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
+            if mean is None and vec16 and _TRITON_VERSION >= CUDA13_PTXAS_TRITON:
+                cap = _cuda13_cap(cap, t, N, rms_frozen)
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,

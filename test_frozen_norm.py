@@ -1362,8 +1362,9 @@ HIGH, LOW, EIGHT = fn.LONG_BWD_SPILL_MAX_REGISTERS, fn.LONG_BWD_MAX_REGISTERS, f
     ("rms", 28672, torch.float32, 4096, HIGH),
     ("fadd", 20480, torch.bfloat16, 4096, LOW),      # FusedAdd's pre-summed rows keep the cap
     ("rms", 40960, torch.bfloat16, 8192, LOW)])      # 32 warps: 128 registers each would not fit an SM
-def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap):
-    """RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
+def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap, monkeypatch):
+    """Planned as under PIPED_ALL_TRITON (before CUDA13_PTXAS_TRITON), whatever
+    Triton runs: RMSNorm's and FusedAdd's long-row backward with per-lane sums, on
     16-bit rows of LONG_BWD_SPILL_CHUNKS or more whole chunks of 1024
     elements or more, RMSNorm's on pre-summed rows and every fp32 row, in
     chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS
@@ -1374,13 +1375,55 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap):
     chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads less and leaves
     whole chunks. On a GPU the variants with a raised cap compile and run,
     checked against float64."""
+    monkeypatch.setattr(fn, "_TRITON_VERSION", fn.PIPED_ALL_TRITON)
+    _check_long_row_cap(name, N, dtype, chunk, cap, run=cap != LOW)
+
+
+def _check_long_row_cap(name, N, dtype, chunk, cap, run):
+    """The frozen long-row backward of rows of N launches alone, in chunks of
+    `chunk`, with the register cap `cap`; if `run`, checked against float64
+    (on a GPU that launch compiles and runs)."""
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward(name, (4, N), VARIANTS[name]["all frozen" if name == "ln" else "frozen w"], dtype)
     (launch,) = rec.launches
     assert launch.name == "_long_row_norm_bwd_kernel" and launch.constexprs["BLOCK_N"] == chunk
     assert launch.maxnreg == cap
-    if cap != LOW:
+    if run:
         check_op(OPS[name], (3, N), dtype, ALL_FROZEN[name], _with_grads(name))
+
+
+CUDA13 = fn.CUDA13_MAX_REGISTERS
+
+
+@pytest.mark.parametrize("name, N, dtype, chunk, before, cap", [
+    ("rms", 4352, torch.bfloat16, 1024, LOW, CUDA13),     # 4.25 chunks of 4 warps, unrolled
+    ("fadd", 4864, torch.float16, 1024, LOW, CUDA13),
+    ("fadd", 9216, torch.bfloat16, 2048, LOW, CUDA13),    # 4.5 chunks of 8 warps
+    ("rms", 8448, torch.float16, 2048, LOW, CUDA13),
+    ("rms", 10240, torch.bfloat16, 2048, EIGHT, HIGH),    # RMSNorm's under LONG_BWD_8_WARP_MAX_REGISTERS
+    ("rms", 12800, torch.bfloat16, 2048, EIGHT, HIGH),
+    ("fadd", 14336, torch.bfloat16, 2048, EIGHT, EIGHT),  # FusedAdd's keep it
+    ("ln", 14336, torch.float16, 2048, EIGHT, EIGHT),     # LayerNorm's are not changed
+    ("rms", 4376, torch.bfloat16, 1024, LOW, LOW),        # loads not in 16-byte vectors
+    ("rms", 2560, torch.bfloat16, 512, LOW, LOW),         # not past half a tile
+    ("rms", 6144, torch.bfloat16, 2048, LOW, LOW),        # 3 chunks
+    ("rms", 12288, torch.bfloat16, 4096, LOW, LOW),       # 16 warps
+    ("rms", 13312, torch.bfloat16, 1024, HIGH, HIGH),
+    ("rms", 10240, torch.float32, 2048, HIGH, HIGH)])
+def test_long_row_backward_cuda13_cap(name, N, dtype, chunk, before, cap, monkeypatch):
+    """Planned as under CUDA13_PTXAS_TRITON (Triton 3.9, whose CUDA 13 ptxas
+    spills where 3.8's did not), whatever Triton runs: RMSNorm's and
+    FusedAdd's long-row dx kernel on 16-bit rows whose loads vectorize, in
+    LONG_BWD_SPILL_CHUNKS unrolled chunks or more of 4 or 8 warps, takes
+    CUDA13_MAX_REGISTERS where it took LONG_BWD_MAX_REGISTERS, and RMSNorm's
+    frozen one LONG_BWD_SPILL_MAX_REGISTERS where it took
+    LONG_BWD_8_WARP_MAX_REGISTERS; every other launch keeps its cap, and
+    planned as under PIPED_ALL_TRITON each takes `before`. The raised caps'
+    launches run, checked against float64."""
+    monkeypatch.setattr(fn, "_TRITON_VERSION", fn.PIPED_ALL_TRITON)
+    _check_long_row_cap(name, N, dtype, chunk, before, run=False)
+    monkeypatch.setattr(fn, "_TRITON_VERSION", fn.CUDA13_PTXAS_TRITON)
+    _check_long_row_cap(name, N, dtype, chunk, cap, run=cap != before)
 
 
 @pytest.mark.parametrize("name, size, call, dtype, joint", [
