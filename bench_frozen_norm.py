@@ -685,8 +685,9 @@ def planned_for(version):
         fn._TRITON_VERSION = saved
 
 
-# The Triton versions whose plans the module tells apart: one before
-# PIPED_ALL_TRITON, and that one.
+# The Triton versions whose plans the module tells apart by code path: one
+# before PIPED_ALL_TRITON, and that one. (CUDA13_PTXAS_TRITON changes register
+# caps only, which `_code_path` does not tell apart.)
 PLAN_TRITON_VERSIONS = ((fn.PIPED_ALL_TRITON[0], fn.PIPED_ALL_TRITON[1] - 1), fn.PIPED_ALL_TRITON)
 
 

@@ -39,7 +39,8 @@ What you will learn by reading it
   to read are those of the Triton (ptxas) you run: the same code can take
   64 registers under one and 78 under another (the tile forward's xhat),
   and one plan can be the fastest under one version and spill under the
-  other (`PIPED_ALL_TRITON`, the module's one plan keyed on a version).
+  other (`PIPED_ALL_TRITON` and `CUDA13_PTXAS_TRITON`, the module's two
+  plans keyed on a version).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -572,7 +573,8 @@ GROUP_TRAINED_MIN_HW = 2048
 FP_FUSION = True
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])   # (major, minor): PIPED_ALL_TRITON
+# (major, minor), which the planner compares with PIPED_ALL_TRITON and CUDA13_PTXAS_TRITON.
+_TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -642,7 +642,8 @@ ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {
 
 
 # Triton versions as the planner reads them: one before PIPED_ALL_TRITON (as
-# 3.6, on the H200 of NOTES.md) and that one (3.8, what requirements.txt gets).
+# 3.6, on the H200 of NOTES.md) and that one (3.8). CUDA13_PTXAS_TRITON's caps
+# have their own test (test_long_row_backward_cuda13_cap).
 TRITON_VERSIONS = PLAN_TRITON_VERSIONS
 VERSION_IDS = ["triton%d.%d" % v for v in TRITON_VERSIONS]
 
