@@ -202,13 +202,16 @@ LONG_WIDE_CHUNK_MAX = 16384
 # section 6).
 UNROLL_MAX_CHUNKS = 8
 UNROLL_MAX_BLOCK_N = 2048
-# RMSNorm's long-row forward (one row sum), and the others' on fp32 rows, keep
-# chunks of 4096 where halving them would make more than FWD_HALVED_MAX_CHUNKS
-# chunks of UNROLL_MAX_BLOCK_N (rows of 12289 to 14336, `_fwd_chunks`):
-# unrolled, seven such chunks take more registers a thread than four of 4096
-# (ptxas), mostly fewer warps per SM, and measured slower. LayerNorm's and
-# PolyNorm's 16-bit rows measured mixed so, and keep them (NOTES.md, section 6).
-FWD_HALVED_MAX_CHUNKS = 6
+# The long-row kernels with one row sum on 16-bit rows (RMSNorm's forward,
+# its and FusedAdd's dx backward), and the forwards of fp32 rows, keep chunks
+# of 4096 where halving them would make more than HALVED_MAX_CHUNKS chunks of
+# UNROLL_MAX_BLOCK_N (rows of 12289 to 14336, `_unhalved_chunks`): unrolled,
+# seven such chunks take more registers a thread than four of 4096 (ptxas),
+# so fewer warps per SM (the backward: three 8-warp programs under
+# LONG_BWD_8_WARP_MAX_REGISTERS, not two of 16 warps), and measured slower.
+# LayerNorm's and PolyNorm's 16-bit rows measured mixed so, and keep them;
+# so do the backwards of fp32 rows, not measured (NOTES.md, section 6).
+HALVED_MAX_CHUNKS = 6
 # The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
 # row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
 # (UNROLL_SUMS, `_unrolled_sums`: rows of up to 16384 in chunks of 4096, and
@@ -767,13 +770,14 @@ def _cuda13_cap(cap: int, t: "_RowTiling", N: int, rms_frozen: bool) -> int:
     return cap
 
 
-def _fwd_chunks(t: "_RowTiling", x: torch.Tensor, N: int, sums: int) -> "_RowTiling":
-    """The plan `t` of a long-row forward with `sums` row sums on x's rows,
-    or, with one sum or on fp32 rows, where its one halving cut chunks of
-    4096 into more than FWD_HALVED_MAX_CHUNKS of UNROLL_MAX_BLOCK_N (rows of
-    12289 to 14336), chunks of 4096."""
-    if (t.one_pass or (sums > 1 and x.element_size() == 2) or t.block_n != UNROLL_MAX_BLOCK_N
-            or _cdiv(N, t.block_n) <= FWD_HALVED_MAX_CHUNKS):
+def _unhalved_chunks(t: "_RowTiling", x: torch.Tensor, N: int, sums: int,
+                     backward: bool = False) -> "_RowTiling":
+    """The plan `t` of a long-row kernel with `sums` row sums on x's rows, or,
+    with one sum on 16-bit rows or in a forward on fp32 rows, where its one
+    halving cut chunks of 4096 into more than HALVED_MAX_CHUNKS of
+    UNROLL_MAX_BLOCK_N (rows of 12289 to 14336), chunks of 4096."""
+    takes = sums == 1 if x.element_size() == 2 else not backward
+    if not takes or t.one_pass or t.block_n != UNROLL_MAX_BLOCK_N or _cdiv(N, t.block_n) <= HALVED_MAX_CHUNKS:
         return t
     return _in_chunks(t, 2 * t.block_n)
 
@@ -2185,7 +2189,7 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
             plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
             # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
             t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
-            t = _fwd_chunks(t, x, N, 2 if center else 1)   # FWD_HALVED_MAX_CHUNKS
+            t = _unhalved_chunks(t, x, N, 2 if center else 1)   # HALVED_MAX_CHUNKS
             if center:   # LayerNorm's padded tiles of short rows: N_CONST, NARROW_VEC_ELEMENTS
                 vec = _short_narrow_vec(t, N, (x,), (stride_x,))
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX), 16-byte vectors; one sum
@@ -2282,16 +2286,22 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
-    # The long-row dx kernel (not FusedAdd's with ds) on whole chunks where
-    # they fit the row: RMSNorm's frozen per-lane rows' down to
-    # LONG_BWD_SPILL_CHUNK_MIN (13312 = 13 x 1024), its padded rows' below
-    # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few (WHOLE_MAX_CHUNKS).
-    # LayerNorm's two sums: six chunks, not three, at 20481 to 24576
-    # (LONG_MIN_CHUNKS), wide chunks past 32768 (LONG_WIDE_CHUNK_MAX).
-    if rms_frozen and may_spill:
-        t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
-    if ds is None:
-        t = _few_whole_chunks(t, x, M, N, **plan)
+    # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336
+    # in chunks of 4096, not seven of 2048 (HALVED_MAX_CHUNKS); elsewhere (not
+    # FusedAdd's with ds) on whole chunks where they fit the row: RMSNorm's
+    # frozen per-lane rows' down to LONG_BWD_SPILL_CHUNK_MIN (9216 = 9 x
+    # 1024), its padded rows' below RMS_PADDED_CHUNK_MIN (4608 = 9 x 512);
+    # else a few (WHOLE_MAX_CHUNKS). LayerNorm's two sums: six chunks, not
+    # three, at 20481 to 24576 (LONG_MIN_CHUNKS), wide chunks past 32768
+    # (LONG_WIDE_CHUNK_MAX).
+    unhalved = _unhalved_chunks(t, x, N, 1 if mean is None else 2, backward=True)
+    if unhalved is not t:
+        t = unhalved
+    else:
+        if rms_frozen and may_spill:
+            t = _whole_chunks(t, M, N, LONG_BWD_SPILL_CHUNK_MIN, **plan)
+        if ds is None:
+            t = _few_whole_chunks(t, x, M, N, **plan)
     if mean is not None:   # LONG_MIN_CHUNKS, then LONG_WIDE_CHUNK_MAX
         t = _wide_chunks(_min_chunks(t, x, N), x, M, N, **plan)
     # Rows past ROW_BLOCK_MAX with dx asked stay in the tile kernel, a row per
@@ -3737,7 +3747,7 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     # 16-bit rows where few fit (WHOLE_MAX_CHUNKS), on one warp for
     # 16-bit rows up to POLY_WARP_ROW_MAX (`_poly_long_tiling`).
     plan = dict(block_max=POLY_FWD_ROW_BLOCK_MAX, padded_long=True, padded_min=PADDED_SHORT_ROW_MIN)
-    t = _poly_long_tiling(_fwd_chunks(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x, N, 3), x)
+    t = _poly_long_tiling(_unhalved_chunks(_few_whole_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), x, N, 3), x)
     args = (x2, y, _vector(weight), _vector(bias), rstd)
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,

@@ -506,18 +506,27 @@ MIN_CHUNK_CASES = [
     ("ln", "all frozen", 12288, torch.bfloat16, 4096)]   # and three of 4096
 
 
-# FWD_HALVED_MAX_CHUNKS: RMSNorm's forward, and the forwards of fp32 rows,
+# HALVED_MAX_CHUNKS: the kernels with one row sum on 16-bit rows (RMSNorm's
+# forward, its and FusedAdd's dx backward), and the forwards of fp32 rows,
 # keep chunks of 4096 where halving would make more than that many.
-FWD_CHUNK_CASES = [
+HALVED_CHUNK_CASES = [
     ("rms", "forward", 13312, torch.bfloat16, 4096), ("rms", "forward", 12544, torch.float16, 4096),
     ("ln", "forward", 13312, torch.float32, 4096), ("poly", "forward", 14336, torch.float32, 4096),
+    ("rms", "frozen w", 13312, torch.bfloat16, 4096),   # not 13 x 1024 (LONG_BWD_SPILL_CHUNK_MIN)
+    ("rms", "frozen w", 14336, torch.float16, 4096),    # not 7 x 2048 (WHOLE_MAX_CHUNKS)
+    ("fadd", "frozen w", 12544, torch.bfloat16, 4096),
+    ("rms", "trainable", 12289, torch.bfloat16, 4096),  # the dx launch of a trained backward (not in vectors)
+    ("fadd", "trainable", 14335, torch.float16, 4096),
     ("rms", "forward", 10240, torch.bfloat16, 2048),    # five chunks of 2048
+    ("fadd", "frozen w", 10240, torch.bfloat16, 2048),
     ("ln", "forward", 13312, torch.bfloat16, 2048),     # 16-bit rows with several sums: halved
-    ("poly", "forward", 12800, torch.float16, 2048)]
+    ("poly", "forward", 12800, torch.float16, 2048), ("ln", "all frozen", 12800, torch.bfloat16, 2048),
+    ("rms", "frozen w", 12800, torch.float32, 2048),    # and the backwards of fp32 rows
+    ("fadd", "trainable", 14335, torch.float32, 2048)]
 
 
 @pytest.mark.parametrize("name, call, N, dtype, chunk",
-                         WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES + MIN_CHUNK_CASES + FWD_CHUNK_CASES)
+                         WHOLE_CHUNK_CASES + WIDE_CHUNK_CASES + MIN_CHUNK_CASES + HALVED_CHUNK_CASES)
 def test_chunk_rules(name, call, N, dtype, chunk):
     """The long-row plans' chunk rules on 16-bit rows. WHOLE_MAX_CHUNKS: the
     forwards of LayerNorm and PolyNorm and the backwards of RMSNorm,
@@ -530,17 +539,18 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     others keep LONG_CHUNK_MAX. LONG_MIN_CHUNKS: the backwards with several
     row sums halve chunks of LONG_CHUNK_MAX where a row has fewer than that
     many (the others keep them). fp32 rows keep their plans, but
-    FWD_HALVED_MAX_CHUNKS: RMSNorm's forward and the forwards of fp32 rows
-    keep chunks of 4096 where halving would make more than that many. The
-    first launch, on meta tensors; some of these plans (bf16 and fp32) then
-    run against float64."""
+    HALVED_MAX_CHUNKS: RMSNorm's forward, its and FusedAdd's dx backward of
+    16-bit rows, and the forwards of fp32 rows keep chunks of 4096 where
+    halving would make more than that many. The first launch, on meta
+    tensors; some of these plans (bf16 and fp32) then run against float64."""
     launch = _first_launch(name, call, (3, N), dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
             ("poly", "trainable", 18432): ALL_TRAIN, ("rms", "forward", 65536): ALL_FROZEN,
             ("poly", "trainable", 65536): ALL_TRAIN, ("ln", "all frozen", 65536): ALL_FROZEN,
             ("poly", "trainable", 22528): ALL_TRAIN, ("rms", "forward", 13312): ALL_FROZEN,
-            ("ln", "forward", 13312): ALL_TRAIN, ("poly", "forward", 14336): ALL_TRAIN}
+            ("ln", "forward", 13312): ALL_TRAIN, ("poly", "forward", 14336): ALL_TRAIN,
+            ("rms", "frozen w", 13312): ALL_FROZEN, ("rms", "trainable", 12289): ALL_TRAIN}
     if dtype in (torch.bfloat16, torch.float32) and (name, call, N) in runs:
         check_op(OPS[name], (3, N), dtype, runs[name, call, N][name], _with_grads(name))
 
@@ -1345,11 +1355,12 @@ HIGH, LOW, EIGHT = fn.LONG_BWD_SPILL_MAX_REGISTERS, fn.LONG_BWD_MAX_REGISTERS, f
 @pytest.mark.parametrize("name, N, dtype, chunk, cap", [
     ("rms", 5120, torch.bfloat16, 1024, HIGH),       # 5 whole chunks of 1024 (4 warps)
     ("rms", 10240, torch.float16, 2048, EIGHT),      # 5 whole chunks of 2048 (8 warps): a third program per SM
-    ("fadd", 14336, torch.bfloat16, 2048, EIGHT),    # 7 whole chunks of 2048
-    ("rms", 13312, torch.bfloat16, 1024, HIGH),      # RMSNorm's 13 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
-    ("fadd", 13312, torch.bfloat16, 2048, EIGHT),    # 6.5 chunks of 2048, unrolled: 7 or more on 8 warps
-    ("rms", 12800, torch.bfloat16, 2048, EIGHT),     # (1024 would leave a partial chunk: one halving)
-    ("ln", 14336, torch.float16, 2048, EIGHT),       # two sums, 7 chunks
+    ("fadd", 10240, torch.bfloat16, 2048, EIGHT),
+    ("rms", 9216, torch.bfloat16, 1024, HIGH),       # RMSNorm's 9 chunks of 1024 (LONG_BWD_SPILL_CHUNK_MIN)
+    ("ln", 13312, torch.bfloat16, 2048, EIGHT),      # two sums: 6.5 chunks of 2048, unrolled: 7 or more on 8 warps
+    ("ln", 14336, torch.float16, 2048, EIGHT),       # 7 chunks
+    ("fadd", 14336, torch.bfloat16, 4096, LOW),      # one sum: 3.5 chunks of 4096 on 16 warps (HALVED_MAX_CHUNKS)
+    ("rms", 13312, torch.bfloat16, 4096, LOW),       # (not 13 of 1024)
     ("fadd", 9216, torch.bfloat16, 2048, LOW),       # 4.5 chunks of 2048: fewer than 7
     ("rms", 13312, torch.float32, 2048, HIGH),       # fp32: one halving, the higher cap, on 8 warps too
     ("rms", 10240, torch.float32, 2048, HIGH),
@@ -1371,7 +1382,8 @@ def test_long_row_backward_spill_cap(name, N, dtype, chunk, cap, monkeypatch):
     chunks of at most 16 warps, launches with LONG_BWD_SPILL_MAX_REGISTERS
     instead of LONG_BWD_MAX_REGISTERS (see that constant); the per-lane rows
     on 8 warps, and the 16-bit rows unrolled over at least
-    LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps, with
+    LONG_BWD_8_WARP_MIN_CHUNKS chunks of 8 warps (LayerNorm's: those with
+    one sum keep chunks of 4096 there, HALVED_MAX_CHUNKS), with
     LONG_BWD_8_WARP_MAX_REGISTERS. RMSNorm's frozen one halves such rows'
     chunks down to LONG_BWD_SPILL_CHUNK_MIN where that pads less and leaves
     whole chunks. On a GPU the variants with a raised cap compile and run,
@@ -1402,14 +1414,14 @@ CUDA13 = fn.CUDA13_MAX_REGISTERS
     ("fadd", 9216, torch.bfloat16, 2048, LOW, CUDA13),    # 4.5 chunks of 8 warps
     ("rms", 8448, torch.float16, 2048, LOW, CUDA13),
     ("rms", 10240, torch.bfloat16, 2048, EIGHT, HIGH),    # RMSNorm's under LONG_BWD_8_WARP_MAX_REGISTERS
-    ("rms", 12800, torch.bfloat16, 2048, EIGHT, HIGH),
-    ("fadd", 14336, torch.bfloat16, 2048, EIGHT, EIGHT),  # FusedAdd's keep it
+    ("fadd", 10240, torch.bfloat16, 2048, EIGHT, EIGHT),  # FusedAdd's keep it
+    ("rms", 12800, torch.bfloat16, 4096, LOW, LOW),       # 16 warps (HALVED_MAX_CHUNKS)
     ("ln", 14336, torch.float16, 2048, EIGHT, EIGHT),     # LayerNorm's are not changed
     ("rms", 4376, torch.bfloat16, 1024, LOW, LOW),        # loads not in 16-byte vectors
     ("rms", 2560, torch.bfloat16, 512, LOW, LOW),         # not past half a tile
     ("rms", 6144, torch.bfloat16, 2048, LOW, LOW),        # 3 chunks
     ("rms", 12288, torch.bfloat16, 4096, LOW, LOW),       # 16 warps
-    ("rms", 13312, torch.bfloat16, 1024, HIGH, HIGH),
+    ("rms", 9216, torch.bfloat16, 1024, HIGH, HIGH),
     ("rms", 10240, torch.float32, 2048, HIGH, HIGH)])
 def test_long_row_backward_cuda13_cap(name, N, dtype, chunk, before, cap, monkeypatch):
     """Planned as under CUDA13_PTXAS_TRITON (Triton 3.9, whose CUDA 13 ptxas
