@@ -284,14 +284,15 @@ FWD_NARROW_MAX_REGISTERS = 40
 # at least LONG_BWD_SPILL_CHUNKS whole chunks of 1024 or more, RMSNorm's
 # pre-summed rows and the row norms' fp32 rows. RMSNorm's frozen backward of
 # 16-bit rows up to LONG_BWD_PRESUM_AFTER halves its chunks down to
-# LONG_BWD_SPILL_CHUNK_MIN where that makes them whole (13312 = 13 x 1024).
-# The per-lane rows of whole chunks on 8 warps (10240 = 5 x 2048, 14336) take
+# LONG_BWD_SPILL_CHUNK_MIN where that makes them whole (9216 = 9 x 1024).
+# The per-lane rows of whole chunks on 8 warps (10240 = 5 x 2048) take
 # LONG_BWD_8_WARP_MAX_REGISTERS instead: three programs per SM, not two, and
 # ptxas spills nothing there (4-warp chunks under 96, five programs, and fp32
 # rows under 80 measured slower). So do the 16-bit rows on 8 warps whose
-# passes are unrolled over at least LONG_BWD_8_WARP_MIN_CHUNKS chunks (12289
-# to 14336, PolyNorm's too), which ptxas spills under 64; with fewer chunks
-# it does not, and four programs per SM measured faster than three.
+# passes are unrolled over at least LONG_BWD_8_WARP_MIN_CHUNKS chunks
+# (LayerNorm's and PolyNorm's of 12289 to 14336; those with one sum keep
+# chunks of 4096 there, HALVED_MAX_CHUNKS), which ptxas spills under 64; with
+# fewer chunks it does not, and four programs per SM measured faster than three.
 LONG_BWD_MAX_REGISTERS = 64
 LONG_BWD_SPILL_CHUNKS = 5
 LONG_BWD_SPILL_MAX_REGISTERS = 128
@@ -303,13 +304,13 @@ LONG_BWD_8_WARP_MIN_CHUNKS = 7
 # on 16-bit rows whose loads vectorize (`vec16` in `_row_norm_backward`; not
 # the others) where the CUDA 12 one did not: on 4 and 8 warps under
 # LONG_BWD_MAX_REGISTERS in LONG_BWD_SPILL_CHUNKS unrolled chunks (rows of
-# 4097 to 5119 and 8193 to 10239), and under LONG_BWD_8_WARP_MAX_REGISTERS in
-# 7 (12289 to 14335). From it on those chunks of 4 and 8 warps take
+# 4097 to 5119 and 8193 to 10239). From it on those chunks take
 # CUDA13_MAX_REGISTERS, which they fit without a spill (six and three
-# programs per SM, not eight and four), and RMSNorm's frozen chunks under
-# LONG_BWD_8_WARP_MAX_REGISTERS take LONG_BWD_SPILL_MAX_REGISTERS (two
-# programs per SM, not three); FusedAdd's keep it, spilling, which measured
-# as fast as 96 or 128 and faster at 10240 (`_cuda13_cap`; NOTES.md, 5.5).
+# programs per SM, not eight and four). RMSNorm's frozen rows of whole chunks
+# under LONG_BWD_8_WARP_MAX_REGISTERS (10240 = 5 x 2048) take
+# LONG_BWD_SPILL_MAX_REGISTERS (two programs per SM, not three), which
+# measured faster; FusedAdd's keep it, faster so (`_cuda13_cap`; NOTES.md,
+# 5.5).
 CUDA13_PTXAS_TRITON = (3, 9)
 CUDA13_MAX_REGISTERS = 80
 # JOINT (a kernel flag). The long-row backwards with several row sums
@@ -760,7 +761,8 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int, whole_per_lane: bo
 def _cuda13_cap(cap: int, t: "_RowTiling", N: int, rms_frozen: bool) -> int:
     """The register cap of RMSNorm's and FusedAdd's long-row dx kernel on
     16-bit rows whose loads vectorize, from CUDA13_PTXAS_TRITON on, given the
-    cap it takes before: raised where CUDA 13's ptxas spills (see the constant)."""
+    cap it takes before: raised where CUDA 13's ptxas spills, and on RMSNorm's
+    frozen rows of whole 8-warp chunks (see the constant)."""
     if t.num_warps not in (4, 8):
         return cap
     if cap == LONG_BWD_MAX_REGISTERS and _unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_SPILL_CHUNKS:
