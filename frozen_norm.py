@@ -203,14 +203,16 @@ LONG_WIDE_CHUNK_MAX = 16384
 UNROLL_MAX_CHUNKS = 8
 UNROLL_MAX_BLOCK_N = 2048
 # The long-row kernels with one row sum on 16-bit rows (RMSNorm's forward,
-# its and FusedAdd's dx backward), and the forwards of fp32 rows, keep chunks
-# of 4096 where halving them would make more than HALVED_MAX_CHUNKS chunks of
-# UNROLL_MAX_BLOCK_N (rows of 12289 to 14336, `_unhalved_chunks`): unrolled,
-# seven such chunks take more registers a thread than four of 4096 (ptxas),
-# so fewer warps per SM (the backward: three 8-warp programs under
-# LONG_BWD_8_WARP_MAX_REGISTERS, not two of 16 warps), and measured slower.
-# LayerNorm's and PolyNorm's 16-bit rows measured mixed so, and keep them;
-# so do the backwards of fp32 rows, not measured (NOTES.md, section 6).
+# its and FusedAdd's dx backward on rows in 16-byte vectors), and the
+# forwards of fp32 rows, keep chunks of 4096 where halving them would make
+# more than HALVED_MAX_CHUNKS chunks of UNROLL_MAX_BLOCK_N (rows of 12289 to
+# 14336, `_unhalved_chunks`): unrolled, seven such chunks take more registers
+# a thread than four of 4096 (ptxas), so fewer warps per SM (the backward:
+# three 8-warp programs under LONG_BWD_8_WARP_MAX_REGISTERS, not two of 16
+# warps), and measured slower. LayerNorm's and PolyNorm's 16-bit rows
+# measured mixed so, and so did the trained dx launch on rows not in vectors
+# (slower): they keep the halving, as do the backwards of fp32 rows (not
+# measured; NOTES.md, section 2).
 HALVED_MAX_CHUNKS = 6
 # The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
 # row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
@@ -2288,15 +2290,15 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
-    # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336
-    # in chunks of 4096, not seven of 2048 (HALVED_MAX_CHUNKS); elsewhere (not
-    # FusedAdd's with ds) on whole chunks where they fit the row: RMSNorm's
-    # frozen per-lane rows' down to LONG_BWD_SPILL_CHUNK_MIN (9216 = 9 x
-    # 1024), its padded rows' below RMS_PADDED_CHUNK_MIN (4608 = 9 x 512);
-    # else a few (WHOLE_MAX_CHUNKS). LayerNorm's two sums: six chunks, not
-    # three, at 20481 to 24576 (LONG_MIN_CHUNKS), wide chunks past 32768
-    # (LONG_WIDE_CHUNK_MAX).
-    unhalved = _unhalved_chunks(t, x, N, 1 if mean is None else 2, backward=True)
+    # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
+    # 16-byte vectors (vec16) in chunks of 4096, not seven of 2048
+    # (HALVED_MAX_CHUNKS); elsewhere (not FusedAdd's with ds) on whole chunks
+    # where they fit the row: RMSNorm's frozen per-lane rows' down to
+    # LONG_BWD_SPILL_CHUNK_MIN (9216 = 9 x 1024), its padded rows' below
+    # RMS_PADDED_CHUNK_MIN (4608 = 9 x 512); else a few (WHOLE_MAX_CHUNKS).
+    # LayerNorm's two sums: six chunks, not three, at 20481 to 24576
+    # (LONG_MIN_CHUNKS), wide chunks past 32768 (LONG_WIDE_CHUNK_MAX).
+    unhalved = _unhalved_chunks(t, x, N, 1 if mean is None else 2, backward=True) if vec16 else t
     if unhalved is not t:
         t = unhalved
     else:

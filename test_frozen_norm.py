@@ -507,16 +507,18 @@ MIN_CHUNK_CASES = [
 
 
 # HALVED_MAX_CHUNKS: the kernels with one row sum on 16-bit rows (RMSNorm's
-# forward, its and FusedAdd's dx backward), and the forwards of fp32 rows,
-# keep chunks of 4096 where halving would make more than that many.
+# forward, its and FusedAdd's dx backward on rows in 16-byte vectors), and the
+# forwards of fp32 rows, keep chunks of 4096 where halving would make more
+# than that many.
 HALVED_CHUNK_CASES = [
     ("rms", "forward", 13312, torch.bfloat16, 4096), ("rms", "forward", 12544, torch.float16, 4096),
     ("ln", "forward", 13312, torch.float32, 4096), ("poly", "forward", 14336, torch.float32, 4096),
     ("rms", "frozen w", 13312, torch.bfloat16, 4096),   # not 13 x 1024 (LONG_BWD_SPILL_CHUNK_MIN)
     ("rms", "frozen w", 14336, torch.float16, 4096),    # not 7 x 2048 (WHOLE_MAX_CHUNKS)
     ("fadd", "frozen w", 12544, torch.bfloat16, 4096),
-    ("rms", "trainable", 12289, torch.bfloat16, 4096),  # the dx launch of a trained backward (not in vectors)
-    ("fadd", "trainable", 14335, torch.float16, 4096),
+    ("rms", "trainable", 12289, torch.bfloat16, 2048),  # rows not in 16-byte vectors keep the halving:
+    ("fadd", "trainable", 14335, torch.float16, 2048),  # the dx launch of a trained backward
+    ("fadd", "frozen w", 12801, torch.bfloat16, 2048),
     ("rms", "forward", 10240, torch.bfloat16, 2048),    # five chunks of 2048
     ("fadd", "frozen w", 10240, torch.bfloat16, 2048),
     ("ln", "forward", 13312, torch.bfloat16, 2048),     # 16-bit rows with several sums: halved
@@ -540,8 +542,8 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     row sums halve chunks of LONG_CHUNK_MAX where a row has fewer than that
     many (the others keep them). fp32 rows keep their plans, but
     HALVED_MAX_CHUNKS: RMSNorm's forward, its and FusedAdd's dx backward of
-    16-bit rows, and the forwards of fp32 rows keep chunks of 4096 where
-    halving would make more than that many. The first launch, on meta
+    16-bit rows in 16-byte vectors, and the forwards of fp32 rows keep chunks
+    of 4096 where halving would make more than that many. The first launch, on meta
     tensors; some of these plans (bf16 and fp32) then run against float64."""
     launch = _first_launch(name, call, (3, N), dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
