@@ -210,9 +210,9 @@ UNROLL_MAX_BLOCK_N = 2048
 # a thread than four of 4096 (ptxas), so fewer warps per SM (the backward:
 # three 8-warp programs under LONG_BWD_8_WARP_MAX_REGISTERS, not two of 16
 # warps), and measured slower. LayerNorm's and PolyNorm's 16-bit rows
-# measured mixed so, and so did the trained dx launch on rows not in vectors
-# (slower): they keep the halving, as do the backwards of fp32 rows (not
-# measured; NOTES.md, section 2).
+# measured mixed so, and the trained dx launch on rows not in vectors slower:
+# they keep the halving, as do the backwards of fp32 rows (not measured;
+# NOTES.md, section 2).
 HALVED_MAX_CHUNKS = 6
 # The long-row backward's pass 1 (its row sums) alone is unrolled whole where a
 # row has at most UNROLL_SUMS_MAX_CHUNKS chunks of up to LONG_CHUNK_MAX
@@ -311,8 +311,8 @@ LONG_BWD_8_WARP_MIN_CHUNKS = 7
 # programs per SM, not eight and four). RMSNorm's frozen rows of whole chunks
 # under LONG_BWD_8_WARP_MAX_REGISTERS (10240 = 5 x 2048) take
 # LONG_BWD_SPILL_MAX_REGISTERS (two programs per SM, not three), which
-# measured faster; FusedAdd's keep it, faster so (`_cuda13_cap`; NOTES.md,
-# 5.5).
+# measured faster; FusedAdd's keep it (128 measured slower: `_cuda13_cap`;
+# NOTES.md, 5.5).
 CUDA13_PTXAS_TRITON = (3, 9)
 CUDA13_MAX_REGISTERS = 80
 # JOINT (a kernel flag). The long-row backwards with several row sums

@@ -543,8 +543,9 @@ def test_chunk_rules(name, call, N, dtype, chunk):
     many (the others keep them). fp32 rows keep their plans, but
     HALVED_MAX_CHUNKS: RMSNorm's forward, its and FusedAdd's dx backward of
     16-bit rows in 16-byte vectors, and the forwards of fp32 rows keep chunks
-    of 4096 where halving would make more than that many. The first launch, on meta
-    tensors; some of these plans (bf16 and fp32) then run against float64."""
+    of 4096 where halving would make more than that many. The first launch,
+    on meta tensors; some of these plans (bf16 and fp32) then run against
+    float64."""
     launch = _first_launch(name, call, (3, N), dtype)
     assert launch.name.startswith("_long_") and launch.constexprs["BLOCK_N"] == chunk, launch.name
     runs = {("poly", "forward", 4608): ALL_FROZEN, ("ln", "all frozen", 9216): ALL_FROZEN,
