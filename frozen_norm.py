@@ -312,7 +312,10 @@ LONG_BWD_8_WARP_MIN_CHUNKS = 7
 # under LONG_BWD_8_WARP_MAX_REGISTERS (10240 = 5 x 2048) take
 # LONG_BWD_SPILL_MAX_REGISTERS (two programs per SM, not three), which
 # measured faster; FusedAdd's keep it (128 measured slower: `_cuda13_cap`;
-# NOTES.md, 5.5).
+# NOTES.md, 5.5). RMSNorm's 4-warp chunks among them (4097 to 5119) take
+# CUDA13_MAX_REGISTERS from PIPED_ALL_TRITON on: Triton 3.8's CUDA 12.9
+# ptxas already spills them 16 to 32 bytes under LONG_BWD_MAX_REGISTERS.
+# FusedAdd's keep 64 under 3.8: raised, they measured no faster.
 CUDA13_PTXAS_TRITON = (3, 9)
 CUDA13_MAX_REGISTERS = 80
 # JOINT (a kernel flag). The long-row backwards with several row sums
@@ -760,12 +763,15 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int, whole_per_lane: bo
     return whole_per_lane or (_unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
 
 
-def _cuda13_cap(cap: int, t: "_RowTiling", N: int, rms_frozen: bool) -> int:
+def _cuda13_cap(cap: int, t: "_RowTiling", N: int, fused_add: bool, rms_frozen: bool) -> int:
     """The register cap of RMSNorm's and FusedAdd's long-row dx kernel on
-    16-bit rows whose loads vectorize, from CUDA13_PTXAS_TRITON on, given the
-    cap it takes before: raised where CUDA 13's ptxas spills, and on RMSNorm's
-    frozen rows of whole 8-warp chunks (see the constant)."""
-    if t.num_warps not in (4, 8):
+    16-bit rows whose loads vectorize, from PIPED_ALL_TRITON on, given the
+    cap it takes before: raised where ptxas spills (from CUDA13_PTXAS_TRITON
+    on 4- and 8-warp chunks, before it RMSNorm's 4-warp chunks alone), and
+    from CUDA13_PTXAS_TRITON on on RMSNorm's frozen rows of whole 8-warp
+    chunks (see the constant)."""
+    warps = (4, 8) if _TRITON_VERSION >= CUDA13_PTXAS_TRITON else () if fused_add else (4,)
+    if t.num_warps not in warps:
         return cap
     if cap == LONG_BWD_MAX_REGISTERS and _unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_SPILL_CHUNKS:
         return CUDA13_MAX_REGISTERS
@@ -2394,8 +2400,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                         and 32 * t.num_warps * LONG_BWD_SPILL_MAX_REGISTERS <= REGISTERS_PER_SM)
             cap = (LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N, whole_per_lane)   # three programs per SM
                    else LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
-            if mean is None and vec16 and _TRITON_VERSION >= CUDA13_PTXAS_TRITON:
-                cap = _cuda13_cap(cap, t, N, rms_frozen)
+            if mean is None and vec16 and _TRITON_VERSION >= PIPED_ALL_TRITON:
+                cap = _cuda13_cap(cap, t, N, ds is not None, rms_frozen)
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,

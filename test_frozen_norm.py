@@ -1412,8 +1412,8 @@ CUDA13 = fn.CUDA13_MAX_REGISTERS
 
 
 @pytest.mark.parametrize("name, N, dtype, chunk, before, cap", [
-    ("rms", 4352, torch.bfloat16, 1024, LOW, CUDA13),     # 4.25 chunks of 4 warps, unrolled
-    ("fadd", 4864, torch.float16, 1024, LOW, CUDA13),
+    ("rms", 4352, torch.bfloat16, 1024, CUDA13, CUDA13),  # 4.25 chunks of 4 warps, unrolled (from PIPED_ALL_TRITON on)
+    ("fadd", 4864, torch.float16, 1024, LOW, CUDA13),     # FusedAdd's: from CUDA13_PTXAS_TRITON on
     ("fadd", 9216, torch.bfloat16, 2048, LOW, CUDA13),    # 4.5 chunks of 8 warps
     ("rms", 8448, torch.float16, 2048, LOW, CUDA13),
     ("rms", 10240, torch.bfloat16, 2048, EIGHT, HIGH),    # RMSNorm's under LONG_BWD_8_WARP_MAX_REGISTERS
@@ -1440,6 +1440,26 @@ def test_long_row_backward_cuda13_cap(name, N, dtype, chunk, before, cap, monkey
     _check_long_row_cap(name, N, dtype, chunk, before, run=False)
     monkeypatch.setattr(fn, "_TRITON_VERSION", fn.CUDA13_PTXAS_TRITON)
     _check_long_row_cap(name, N, dtype, chunk, cap, run=cap != before)
+
+
+@pytest.mark.parametrize("name, N, dtype, chunk, cap", [
+    ("rms", 4352, torch.bfloat16, 1024, CUDA13),    # 4.25 chunks of 4 warps, unrolled
+    ("rms", 4864, torch.float16, 1024, CUDA13),
+    ("fadd", 4864, torch.bfloat16, 1024, LOW),      # FusedAdd's: from CUDA13_PTXAS_TRITON on
+    ("rms", 4608, torch.bfloat16, 512, LOW),        # 9 chunks of 512: a loop
+    ("fadd", 9216, torch.bfloat16, 2048, LOW),      # 8 warps: from CUDA13_PTXAS_TRITON on
+    ("rms", 4376, torch.bfloat16, 1024, LOW)])      # loads not in 16-byte vectors
+def test_long_row_backward_4_warp_cap(name, N, dtype, chunk, cap, monkeypatch):
+    """From PIPED_ALL_TRITON on (Triton 3.8, whose ptxas spills them under
+    LONG_BWD_MAX_REGISTERS), RMSNorm's long-row dx kernel on 16-bit rows
+    whose loads vectorize, in LONG_BWD_SPILL_CHUNKS unrolled chunks or more
+    of 4 warps, takes CUDA13_MAX_REGISTERS; planned as under the Triton
+    before, LONG_BWD_MAX_REGISTERS, and so is FusedAdd's under PIPED_ALL_TRITON.
+    The raised cap's launches run, checked against float64."""
+    monkeypatch.setattr(fn, "_TRITON_VERSION", (fn.PIPED_ALL_TRITON[0], fn.PIPED_ALL_TRITON[1] - 1))
+    _check_long_row_cap(name, N, dtype, chunk, LOW, run=False)
+    monkeypatch.setattr(fn, "_TRITON_VERSION", fn.PIPED_ALL_TRITON)
+    _check_long_row_cap(name, N, dtype, chunk, cap, run=cap != LOW)
 
 
 @pytest.mark.parametrize("name, size, call, dtype, joint", [
