@@ -688,7 +688,8 @@ def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool
     plans as before (16-bit rows aligned for vectors only, `_vector_aligned`;
     LayerNorm's if `center`). LayerNorm's padded rows of PADDED_ROW_MIN and
     less: `_short_narrow_vec`, on the tile the forward plans for them."""
-    if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x)):
+    if (x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX
+            or not _vector_aligned((N, stride_x), (), 2)):
         return None, 0
     tile = _row_tiling(M, N)
     if N % _lane_repeat(tile, 16 // x.element_size()) == 0:
@@ -714,7 +715,7 @@ def _short_narrow_vec(t: "_RowTiling", N: int, tensors: tuple, strides: tuple) -
     repeat of its threads' 16-byte vectors wide (Triton lays a narrower
     tile's warps across rows, where no lane is empty for N_CONST to fold)."""
     if (N > PADDED_ROW_MIN or not _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
-            or any(u.element_size() != 2 for u in tensors) or not _vector_aligned((N, *strides))
+            or any(u.element_size() != 2 for u in tensors) or not _vector_aligned((N, *strides), (), 2)
             or t.block_n < _lane_repeat(t, 16 // 2)):
         return 0
     return _narrow_vec(t, N)
@@ -928,11 +929,24 @@ def _min_chunks(t: _RowTiling, x: torch.Tensor, N: int, min_chunks: Optional[int
     return _in_chunks(t, t.block_n // 2)
 
 
-def _vector_aligned(strides: tuple, tensors: tuple = ()) -> bool:
-    """Whether Triton can prove 16-byte vector loads on rows of these `strides`
-    (and at these tensors' addresses; None skipped): its launcher specialises
-    integers and pointers on divisibility by 16."""
-    return all(s % 16 == 0 for s in strides) and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None)
+def _align(*ints: int) -> int:
+    """ALIGN of a launch whose row length and row strides are `ints` (0s
+    skipped), the hint of `_aligned`: the largest power of two that divides
+    them all where it is 2, 4 or 8; else 1 (multiples of 16 need none, odd
+    ones allow none)."""
+    g = functools.reduce(math.gcd, ints, 0)
+    low = g & -g   # its lowest set bit
+    return low if 1 < low < 16 else 1
+
+
+def _vector_aligned(strides: tuple, tensors: tuple, size: int) -> bool:
+    """Whether Triton can prove 16-byte vector loads of `size`-byte elements
+    on rows of these `strides` (the row length among them; and at these
+    tensors' addresses, None skipped): its launcher specialises pointers on
+    divisibility by 16 bytes, and with ALIGN (`_align`) a launch declares
+    the multiples of 16 // size elements."""
+    return (all(s % (16 // size) == 0 for s in strides)
+            and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None))
 
 
 def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple, narrow: bool = True) -> int:
@@ -947,7 +961,7 @@ def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple, narrow: bool = T
     if t.rows % t.num_warps:
         return t.block_n
     size = tensors[0].element_size()
-    aligned = _vector_aligned(strides, tensors)
+    aligned = _vector_aligned(strides, tensors, size)
     vec = 16 // size if aligned else 1
     seg = min(t.block_n, WARP_LOAD_BYTES // size if aligned else 32)
     while narrow and seg * size > LINE_MIN_BYTES and t.rows % (t.num_warps * 32 * vec // (seg // 2)) == 0:
@@ -1094,6 +1108,23 @@ def _tile_columns(BLOCK_N: tl.constexpr, VEC: tl.constexpr):
     if VEC:
         cols = tl.max_contiguous(cols, VEC)
     return cols
+
+
+@triton.jit
+def _aligned(v, ALIGN: tl.constexpr):
+    """v (a row length or row stride), declared a multiple of ALIGN.
+
+    Triton's launcher marks the integer arguments that are multiples of 16,
+    and only those: a row of 4104 bf16 elements (16-byte lines, 8208 bytes)
+    would load one element a lane. The launch passes ALIGN = 2, 4 or 8 where
+    that power of two divides every row length and stride it hints (`_align`);
+    then v // ALIGN * ALIGN is v, and the compiler's alignment analysis knows
+    the product a multiple of ALIGN, so the loads vectorize. ALIGN = 1 (the
+    multiples of 16, and odd rows) removes the two instructions.
+    """
+    if ALIGN > 1:
+        v = v // ALIGN * ALIGN
+    return v
 
 
 @triton.jit
@@ -1479,6 +1510,7 @@ def _row_norm_fwd_kernel(
     OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
 
@@ -1501,7 +1533,10 @@ def _row_norm_fwd_kernel(
     that a thread's lanes past N fold away: their loads, stores and mask tests.
     VEC is 0, or the elements of the vectors loaded (`tl.max_contiguous`
     caps what Triton may assume contiguous); 0 removes the hint.
+    ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
     """
+    N, stride_x, stride_r = _aligned(N, ALIGN), _aligned(stride_x, ALIGN), _aligned(stride_r, ALIGN)
+    stride_s, stride_y = _aligned(stride_s, ALIGN), _aligned(stride_y, ALIGN)
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -1548,6 +1583,7 @@ def _long_row_norm_fwd_kernel(
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr, PRESUM: tl.constexpr, HW: tl.constexpr, APPLY: tl.constexpr, SPLITS: tl.constexpr,
     UNROLL: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
@@ -1585,7 +1621,10 @@ def _long_row_norm_fwd_kernel(
     first segment's two floats in the statistics: segment row stores its
     mean and m2 (not rstd) to pair row % SPLITS of statistics row row //
     SPLITS. Else SPLITS = 1.
+    ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     """
+    stride_x, stride_r = _aligned(stride_x, ALIGN), _aligned(stride_r, ALIGN)
+    stride_s, stride_y = _aligned(stride_s, ALIGN), _aligned(stride_y, ALIGN)
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
     Y += row * stride_y
@@ -1767,6 +1806,7 @@ def _row_norm_bwd_kernel(
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
     W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr, JOINT: tl.constexpr, TAIL: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -1838,7 +1878,10 @@ def _row_norm_bwd_kernel(
     2 * BLOCK_N with masked lanes; the tail's c1 terms (with CENTER, and
     c2's) are added to the tile's in registers before each reduction
     (`_tail_row_sum`). 0 removes the tail's loads, sums and stores.
+    ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
     """
+    N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
+    stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
     tl.static_assert(TAIL == 0 or (ROWS == 1 and not RELOAD and not N_CONST and not JOINT))
@@ -1997,6 +2040,7 @@ def _long_row_norm_bwd_kernel(
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr, UNROLL_SUMS: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -2049,7 +2093,10 @@ def _long_row_norm_bwd_kernel(
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_N / BLOCK_C] tiles,
     storing A[c], D[c] into row (sample) of the (B, C) fp32 DWp, DBp (with
     B = 1, dw and db themselves: `_sum_targets`).
+    ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     """
+    stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
+    stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
     DY += row * stride_dy
@@ -2120,6 +2167,7 @@ def _row_norm_dwdb_kernel(
     M, N, stride_dy, stride_x, rows_per_split,
     CENTER: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, LAST_FIRST: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows, for long rows.
 
@@ -2140,7 +2188,9 @@ def _row_norm_dwdb_kernel(
     Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store;
     CENTER False removes the mean (RMSNorm). STAGES is the software pipeline's
     depth over the row blocks. LAST_FIRST: the order of the rows (above).
+    ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
     """
+    N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     row_start = split * rows_per_split
@@ -2208,7 +2258,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     args = (x, residual, s, y, weight, bias, mean, rstd)
     strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-                HAS_B=bias is not None, BLOCK_N=t.block_n, num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
+                HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
+                enable_fp_fusion=FP_FUSION)
     if t.one_pass:
         _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows,
                                              N_CONST=N if vec else 0, VEC=vec,
@@ -2252,8 +2303,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     PIPED_ALL_TRITON, RMSNorm's and LayerNorm's rows that train w past
     PIPED_ROW_MAX with RELOAD, but at 14336 (in narrow vectors,
     PIPED_VEC_ELEMENTS) and at RELOAD_ROW_BLOCK_MAX; when x and dy are 16-bit
-    and N and the row strides are multiples of 16 (else its loads
-    would not vectorize). Longer rows: dx from
+    and N and the row strides are multiples of 8 (else its loads
+    would not vectorize: `_aligned`). Longer rows: dx from
     `_long_row_norm_bwd_kernel`, and dw/db from `_row_norm_dwdb` into an (S,
     N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1; with S = 1 (P
     = 1 for the tile kernel) the kernel writes dw and db themselves, with no
@@ -2275,8 +2326,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if M == 0 or not (compute_dx or compute_dw or compute_db):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     trains = compute_dw or compute_db
-    flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None)
     strides = (stride_dy, stride_x, stride_ds, N if compute_dx else 0)
+    flags = dict(CENTER=mean is not None, HAS_W=weight is not None, HAS_DS=ds is not None, ALIGN=_align(N, *strides))
     rms_frozen = mean is None and ds is None and not trains   # RMSNorm's frozen backward plans its own way
     # The long-row kernel's pass 1 (PRESUM), and whether ptxas can spill it
     # under LONG_BWD_MAX_REGISTERS (per-lane sums of 16-bit rows: LONG_BWD_SPILL_CHUNKS).
@@ -2286,7 +2337,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # plans below of a tile and a tail, or of a row per tile, take (tested
     # once, and not at all for the short rows of most calls).
     vec16 = (N > ROW_BLOCK_MAX // 2 and max(x.element_size(), dy.element_size()) == 2
-             and _vector_aligned((N, *strides)))
+             and _vector_aligned((N, *strides), (), 2))
     # RMSNorm's and FusedAdd's 16-bit rows just past half a tile of ROW_BLOCK_MAX, with dx asked: that
     # half and a tail (PADDED_TAIL_BLOCK_N; half of it filled at most with ds), trained, and FusedAdd's
     # frozen too, in the tile kernel's persistent grid, not the long-row kernel.
@@ -2461,7 +2512,8 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, stride_dy, stride_x, rows_per_split,
-        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
+        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, ALIGN=_align(N, stride_dy, stride_x),
+        BLOCK_M=block_m,
         BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
         LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers, enable_fp_fusion=FP_FUSION)
     return dw_partial, db_partial
@@ -3103,8 +3155,8 @@ def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict
     elements share a channel (`_affine_index`)."""
     N = C // G * HW
     return dict(N=N, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
-                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps,
-                enable_fp_fusion=FP_FUSION)
+                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, UNROLL=_unrolled(N, t.block_n), ALIGN=_align(N),
+                num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
 
 
 def _group_forward_tiling(x, num_groups) -> _GroupTiling:
@@ -3168,8 +3220,8 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             x3, None, None, y, None, None, stats[:, 2], stats[:, 3], piece, 0, 0, 0, stats.stride(0), 1,
             float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
-            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), num_warps=plan.num_warps,
-            enable_fp_fusion=FP_FUSION)
+            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), ALIGN=_align(piece),
+            num_warps=plan.num_warps, enable_fp_fusion=FP_FUSION)
     else:
         launch(DO_STATS=True, DO_APPLY=False)
     launch(_group_runs(B * num_groups * t.splits, t.channels_per_split, HW, t.block_c, t.block_hw, x.device),
@@ -3371,6 +3423,7 @@ def _poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # X, Y: (M, N); W: (3,); B: (1,); Rstd: (M, 3) fp32
     M, N, stride_x, stride_y, eps,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """PolyNorm forward: y = w0 * x^3 * r3 + w1 * x^2 * r2 + w2 * x * r1 + b,
     for rows up to POLY_FWD_ROW_BLOCK_MAX (whole rows in a tile).
@@ -3379,7 +3432,9 @@ def _poly_norm_fwd_kernel(
     `_row_norm_fwd_kernel`, loaded in lines of SEG elements (`_segment_tile`:
     a row's three sums stay within a warp). Rstd receives (r1, r2, r3) per row.
     Dtypes: Y is X's dtype; W and B any float dtype; fp32 math.
+    ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
     """
+    N, stride_x, stride_y = _aligned(N, ALIGN), _aligned(stride_x, ALIGN), _aligned(stride_y, ALIGN)
     tile = tl.program_id(0)
     eps = tl.cast(eps, tl.float32)
     w0, w1, w2 = _poly_weights(W)
@@ -3409,6 +3464,7 @@ def _long_poly_norm_fwd_kernel(
     X, Y, W, B, Rstd,                # as _poly_norm_fwd_kernel
     stride_x, stride_y, eps,
     N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr, UNROLL: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """PolyNorm forward of rows longer than POLY_FWD_ROW_BLOCK_MAX: the delta on
     `_long_row_norm_fwd_kernel` is three per-group sums (of x^2, x^4, x^6)
@@ -3421,7 +3477,9 @@ def _long_poly_norm_fwd_kernel(
     not a multiple of BLOCK_N) runs with its lanes past N masked where TAIL =
     BLOCK_N, else as one block of TAIL elements, in both passes
     (`_tail_block`). Pointers and dtypes as `_poly_norm_fwd_kernel`.
+    ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     """
+    stride_x, stride_y = _aligned(stride_x, ALIGN), _aligned(stride_y, ALIGN)
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
     Y += row * stride_y
@@ -3551,6 +3609,7 @@ def _long_poly_norm_bwd_kernel(
     N: tl.constexpr, BLOCK_N: tl.constexpr, TAIL: tl.constexpr, PRESUM: tl.constexpr,
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr, JOINT: tl.constexpr,
     UNROLL: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """PolyNorm backward of rows on the long-row plan (`poly_norm_backward`): the delta on
     `_long_poly_norm_fwd_kernel` that `_long_row_norm_bwd_kernel` is on the
@@ -3573,7 +3632,10 @@ def _long_poly_norm_bwd_kernel(
     JOINT: pass 1's sums reduced as one tuple (`_add3`, with COMPUTE_DB
     `_add4`), one exchange between warps; False: a `tl.sum` each (see the
     JOINT rule beside LONG_BWD_MAX_REGISTERS).
+    ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     """
+    stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
+    stride_dx = _aligned(stride_dx, ALIGN)
     row = tl.program_id(0).to(tl.int64)
     X += row * stride_x
     DY += row * stride_dy
@@ -3648,6 +3710,7 @@ def _poly_norm_bwd_kernel(
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SEG: tl.constexpr, STAGES: tl.constexpr,
     ROW_ACCUMULATORS: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """PolyNorm backward of rows held in a tile (`poly_norm_backward`): dx (see section 8),
     and per-program sums for dw and db.
@@ -3668,7 +3731,10 @@ def _poly_norm_bwd_kernel(
       ROW_ACCUMULATORS  the dw/db accumulators are [ROWS] vectors, a sum per
                   tile row, summed across rows after the loop; False sums
                   each tile's rows at once, into one number per accumulator.
+    ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
     """
+    N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
+    stride_dx = _aligned(stride_dx, ALIGN)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     w0, w1, w2 = _poly_weights(W)
@@ -3762,12 +3828,14 @@ def poly_norm_forward(x, weight, bias, eps=1e-6):
     if t.one_pass:
         _poly_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, stride_x, N, float(eps), ROWS=t.rows,
                                              BLOCK_N=t.block_n, SEG=_row_segment(t, (x2,), (stride_x, N)),
-                                             num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
+                                             ALIGN=_align(N, stride_x), num_warps=t.num_warps,
+                                             enable_fp_fusion=FP_FUSION)
     else:
         _long_poly_norm_fwd_kernel[(M,)](*args, stride_x, N, float(eps), N=N, BLOCK_N=t.block_n,
                                          TAIL=_tail_block(N, t),
                                          PRESUM=_long_forward_presum(N, 3), UNROLL=_unrolled(N, t.block_n),
-                                         num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
+                                         ALIGN=_align(N, stride_x), num_warps=t.num_warps,
+                                         enable_fp_fusion=FP_FUSION)
     return y, rstd
 
 
@@ -3813,7 +3881,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             SEG=_row_segment(t, (x2, dy2, dx), (stride_x, stride_dy, dx_stride),
                              narrow=_fills_poorly(N, t.block_n, PADDED_ROW_FILL)),   # LINE_MIN_BYTES
             STAGES=g.stages, num_warps=t.num_warps,
-            ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, maxnreg=POLY_BWD_MAX_REGISTERS,
+            ROW_ACCUMULATORS=t.rows >= POLY_ROW_ACCUMULATOR_ROWS, ALIGN=_align(N, stride_dy, stride_x, dx_stride),
+            maxnreg=POLY_BWD_MAX_REGISTERS,
             enable_fp_fusion=FP_FUSION)
     else:
         # One row per program, the row norms' long-row plan; a row's sums are
@@ -3824,7 +3893,8 @@ def poly_norm_backward(dy, x, weight, bias, rstd, compute_dx=True, compute_dw=Tr
             dy2, x2, _vector(weight), rstd, dx, partial, stride_dy, stride_x, dx_stride,
             N=N, BLOCK_N=t.block_n, TAIL=_tail_block(N, t), PRESUM=LONG_PRESUM,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            JOINT=_holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n), num_warps=t.num_warps, maxnreg=cap,
+            JOINT=_holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
+            ALIGN=_align(N, stride_dy, stride_x, dx_stride), num_warps=t.num_warps, maxnreg=cap,
             enable_fp_fusion=FP_FUSION)
     _reduce_partials((partial[:, :3] if compute_dw else None, dw), (partial[:, 3:] if compute_db else None, db))
     return dx, dw, db
