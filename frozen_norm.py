@@ -41,6 +41,10 @@ What you will learn by reading it
   and one plan can be the fastest under one version and spill under the
   other (`PIPED_ALL_TRITON` and `CUDA13_PTXAS_TRITON`, the module's two
   plans keyed on a version).
+* What Triton knows of alignment: its launcher marks integer arguments
+  divisible by 16 and no others, so a row of 4104 bf16 elements would load
+  one element a lane; `_aligned` declares a smaller power of two (ALIGN)
+  with one integer division and multiply that the compiler can read.
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
