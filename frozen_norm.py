@@ -2516,10 +2516,10 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
         M, N, stride_dy, stride_x, rows_per_split,
-        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, ALIGN=_align(N, stride_dy, stride_x),
-        BLOCK_M=block_m,
+        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
         BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
-        LAST_FIRST=not beside, num_warps=warps, maxnreg=max_registers, enable_fp_fusion=FP_FUSION)
+        LAST_FIRST=not beside, ALIGN=_align(N, stride_dy, stride_x), num_warps=warps, maxnreg=max_registers,
+        enable_fp_fusion=FP_FUSION)
     return dw_partial, db_partial
 
 

@@ -1127,10 +1127,10 @@ def test_padded_rows(name, mode, M, N):
 # odd (not in vectors; 2312 = 8 x 289 is, by ALIGN); RMSNorm's full tiles
 # (3328, 3584, 7168) keep VEC 0.
 NARROW_FORWARD_PLANS = {
-    "rms": {2304: 2, 2312: 2, 2313: "long", 2560: 4, 2816: 2, 3072: "long", 3328: 0, 3584: 0, 4096: 0, 4352: 2, 4608: 2,
-            5120: 4, 5632: 2, 6144: "long", 6656: 0, 7168: 0, 8192: 0},
-    "ln": {2304: 2, 2312: 2, 2313: "long", 2560: 4, 2816: 2, 3072: "long", 3328: 2, 3584: 4, 4096: 0, 4352: 2, 4608: 2,
-           5120: 4, 5632: 2, 6144: "long", 6656: 2, 7168: 4, 8192: 0}}
+    "rms": {2304: 2, 2312: 2, 2313: "long", 2560: 4, 2816: 2, 3072: "long", 3328: 0, 3584: 0, 4096: 0,
+            4352: 2, 4608: 2, 5120: 4, 5632: 2, 6144: "long", 6656: 0, 7168: 0, 8192: 0},
+    "ln": {2304: 2, 2312: 2, 2313: "long", 2560: 4, 2816: 2, 3072: "long", 3328: 2, 3584: 4, 4096: 0,
+           4352: 2, 4608: 2, 5120: 4, 5632: 2, 6144: "long", 6656: 2, 7168: 4, 8192: 0}}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -1166,9 +1166,9 @@ def test_narrow_forward_plan(dtype):
 # of the frozen tile backwards of LayerNorm (one- and two-warp padded tiles),
 # FusedAdd (with ds, 4-warp tiles) and RMSNorm ("long": its frozen backward's
 # long-row plan past PADDED_SHORT_ROW_MIN); 0 where none is taken (N_CONST 0).
-# 896 and 1024 fill their tiles, 585 is odd (not in vectors; 584 = 8 x 73 is,
-# by ALIGN); 96 (one warp)
-# and the 4-warp tiles of 512 and less are narrower than one 16-byte repeat.
+# 896 and 1024 fill their tiles, 585 is odd (not in vectors; 584 = 8 x 73
+# is, by ALIGN); 96 (one warp) and the 4-warp tiles of 512 and less are
+# narrower than one 16-byte repeat.
 SHORT_NARROW_PLANS = {   # N: (ln forward, ln frozen, fadd frozen, rms frozen)
     96: (0, 0, 0, 0), 160: (2, 2, 0, 0), 384: (4, 4, 0, 0), 576: (2, 2, 2, "long"), 640: (4, 4, 2, "long"),
     768: (4, 4, 2, "long"), 1152: (2, 2, 2, "long"), 1280: (4, 4, 2, "long"), 1536: (4, 4, 4, "long"),
@@ -1248,10 +1248,10 @@ def test_narrow_forward(name, N, dtype, layout):
     with them), with the plan they launch: one tile in 4-byte vectors (2304;
     4352, whose last repeat of 512 stays half masked), in 8-byte ones (2560;
     LayerNorm's full tile of 3584; 2312, a multiple of 8 only), the long-row
-    kernel for an odd row length (2313: not in vectors). Rows sliced from wider ones keep the rule
-    where the row stride is aligned too ("wide": N + 64), not where it is not
-    ("sliced": N + 3); an address off a 16-byte boundary ("misaligned") keeps
-    it (Triton then proves no vector). The plan: recorded on meta tensors of
+    kernel for an odd row length (2313: not in vectors). Rows sliced from
+    wider ones keep the rule where the row stride is aligned too ("wide": N +
+    64), not where it is not ("sliced": N + 3); an address off a 16-byte
+    boundary ("misaligned") keeps it (Triton then proves no vector). The plan: recorded on meta tensors of
     the same row stride."""
     from bench_frozen_norm import recording
     check_op(OPS[name], (3, N), dtype, ALL_TRAIN[name], _with_grads(name),
