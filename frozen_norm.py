@@ -770,12 +770,15 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int, whole_per_lane: bo
 
 def _cuda13_cap(cap: int, t: "_RowTiling", N: int, fused_add: bool, rms_frozen: bool) -> int:
     """The register cap of RMSNorm's and FusedAdd's long-row dx kernel on
-    16-bit rows whose loads vectorize, from PIPED_ALL_TRITON on, given the
-    cap it takes before: raised where ptxas spills (from CUDA13_PTXAS_TRITON
-    on 4- and 8-warp chunks, before it RMSNorm's 4-warp chunks alone), and
-    from CUDA13_PTXAS_TRITON on on RMSNorm's frozen rows of whole 8-warp
-    chunks (see the constant)."""
-    warps = (4, 8) if _TRITON_VERSION >= CUDA13_PTXAS_TRITON else () if fused_add else (4,)
+    16-bit rows whose loads vectorize, given the cap it takes before (the
+    caller asks from PIPED_ALL_TRITON on). Raised where ptxas spills: under
+    Triton 3.8 RMSNorm's 4-warp chunks alone, from CUDA13_PTXAS_TRITON on
+    the 4- and 8-warp chunks of both, and then also RMSNorm's frozen rows of
+    whole 8-warp chunks (see the constant)."""
+    if _TRITON_VERSION >= CUDA13_PTXAS_TRITON:
+        warps = (4, 8)
+    else:   # Triton 3.8's ptxas: FusedAdd's measured no faster raised
+        warps = () if fused_add else (4,)
     if t.num_warps not in warps:
         return cap
     if cap == LONG_BWD_MAX_REGISTERS and _unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_SPILL_CHUNKS:
