@@ -2922,6 +2922,7 @@ def _group_norm_fwd_kernel(
     C, HW, Cg, channels_per_split, S, pieces, runs, stats_stride, eps,
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr,
     STAGES: tl.constexpr, DO_STATS: tl.constexpr, DO_APPLY: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     """GroupNorm forward: y = (x - mean) * rstd * w[c] + b[c], per (sample, group) row.
 
@@ -2947,7 +2948,9 @@ def _group_norm_fwd_kernel(
                              what the stats launch read last.
     HAS_W, HAS_B: False removes the load and use of w (b).
     STAGES: the software pipeline's depth over the tiles of a pass.
+    ALIGN: `_aligned`'s hint, a power of two dividing HW; 1 removes it.
     """
+    HW = _aligned(HW, ALIGN)
     pid = tl.program_id(0)
     if not DO_STATS:
         pid = tl.num_programs(0) - 1 - pid
@@ -3002,7 +3005,7 @@ def _group_norm_bwd_kernel(
     C, HW, Cg, channels_per_split, S, pairs, runs, stats_stride,
     HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, DO_SUMS: tl.constexpr,
-    DO_DX: tl.constexpr,
+    DO_DX: tl.constexpr, ALIGN: tl.constexpr,
 ):
     """GroupNorm backward: dx = rstd * (g - xhat * c1 - c2), and per-(sample, channel) dw/db sums.
 
@@ -3028,7 +3031,9 @@ def _group_norm_bwd_kernel(
       COMPUTE_DX              the row sums' use, pass 2 and the DX stores.
       HAS_W                   the loads of w (g = dy).
     STAGES: the software pipeline's depth over the tiles of a pass.
+    ALIGN: `_aligned`'s hint, a power of two dividing HW; 1 removes it.
     """
+    HW = _aligned(HW, ALIGN)
     pid = tl.program_id(0)
     if not DO_SUMS:
         pid = tl.num_programs(0) - 1 - pid
@@ -3210,7 +3215,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
         _group_norm_fwd_kernel[(B * num_groups * t.splits * runs,)](
             x3, y, _vector(weight), _vector(bias), stats, C, HW, C // num_groups, t.channels_per_split,
             t.splits, t.pieces, runs, stats.stride(0), float(eps), HAS_W=weight is not None,
-            HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages,
+            HAS_B=bias is not None, BLOCK_C=t.block_c, BLOCK_HW=t.block_hw, STAGES=t.stages, ALIGN=_align(HW),
             num_warps=t.num_warps, enable_fp_fusion=FP_FUSION, **passes)
 
     if t.splits == t.pieces == 1:
@@ -3296,7 +3301,8 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
                 dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, C, HW, Cg, t.channels_per_split,
                 t.splits, pairs, runs, stats.stride(0), HAS_W=weight is not None,
                 COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_C=t.block_c,
-                BLOCK_HW=t.block_hw, STAGES=t.stages, num_warps=t.num_warps, enable_fp_fusion=FP_FUSION, **passes)
+                BLOCK_HW=t.block_hw, STAGES=t.stages, ALIGN=_align(HW), num_warps=t.num_warps,
+                enable_fp_fusion=FP_FUSION, **passes)
 
         if compute_dx and t.splits == t.pieces == 1:
             launch(1, 1, DO_SUMS=True, DO_DX=True)

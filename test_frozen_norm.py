@@ -1366,6 +1366,27 @@ def test_aligned_rows(name, N, extra, align):
         check_op(OPS[name], (3, N), torch.bfloat16, params, _with_grads(name), layout=layout)
 
 
+@pytest.mark.parametrize("shape, groups, align", [
+    ((2, 4, 10, 10), 2, 4), ((2, 4, 5, 40), 2, 8), ((2, 8, 14, 14), 4, 4),   # HW 100, 200, 196
+    ((3, 6, 7, 7), 3, 1), ((2, 4, 8, 8), 2, 1)])                              # HW 49 (odd), 64
+def test_group_norm_aligned(shape, groups, align):
+    """GroupNorm's own kernels take ALIGN from HW (`_align`; x is indexed as
+    a contiguous (B, C, HW)), every launch of the forward and of the
+    backward, trained and dx alone (recorded on meta tensors); against
+    float64, trained and frozen (a wrong ALIGN would misplace channels)."""
+    from bench_frozen_norm import recording
+    x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(shape[1], device="meta", dtype=torch.bfloat16)
+    with recording() as rec:
+        _, stats = fn.group_norm_forward(x, groups, w, w)
+        fn.group_norm_backward(x, x, groups, w, w, stats)
+        fn.group_norm_backward(x, x, groups, w, w, stats, compute_dw=False, compute_db=False)
+    own = [lc.constexprs["ALIGN"] for lc in rec.launches if lc.name.startswith("_group_norm_")]
+    assert len(own) >= 3 and set(own) == {align}, [(lc.name, lc.constexprs.get("ALIGN")) for lc in rec.launches]
+    for params in (ALL_TRAIN["gn"], ALL_FROZEN["gn"]):
+        check_op(OPS["gn"], shape, torch.bfloat16, params, _with_grads("gn"), groups=groups)
+
+
 def test_tiling_follows_warp_limits(monkeypatch):
     """The tiling cache is keyed on every constant it reads: a changed
     MIN_WARPS (the benchmark's --set) plans afresh, not from a stale entry."""
