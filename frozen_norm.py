@@ -74,7 +74,7 @@ Contents (the section banners below)
  4. RMSNorm            (introduces the row kernels shared by 5, 6 and 7)
  5. FusedAddRMSNorm    (delta: the residual add, a second output)
  6. LayerNorm          (delta: centring and a bias)
- 7. GroupNorm          (long rows: the long-row kernels, w per channel; else own kernels)
+ 7. GroupNorm          (many rows: the long-row kernels, w per channel; else own kernels)
  8. PolyNorm           (own kernels: three statistics per row)
  9. torch.compile: the launchers as custom ops
 10. Swapping modules in place: replace_norms
@@ -338,7 +338,7 @@ CUDA13_MAX_REGISTERS = 80
 # thread instead of 8: fewer registers under a cap. The backwards with several
 # sums always do, RMSNorm's past LONG_BWD_PRESUM_AFTER; the forwards with
 # several sums past LONG_FWD_PRESUM_AFTER (at 65536, two 32-warp programs per
-# SM instead of one). GroupNorm's long rows pre-sum by gcd(HW, LONG_PRESUM)
+# SM instead of one). GroupNorm's rows there pre-sum by gcd(HW, LONG_PRESUM)
 # elements, forward and backward, so that a group shares one channel's w, b.
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
@@ -557,11 +557,13 @@ GROUP_PROGRAMS_PER_SM = 2
 # per-channel sums reduce once per tile, 16 times fewer reductions than tiles
 # of one channel of 4096 (without dw/db, one channel a tile measured best).
 GROUP_SUM_CHANNELS = 16
-# GroupNorm rows longer than ROW_BLOCK_MAX take the long-row kernels (forward,
-# and backward with dx) when there are at least GROUP_LONG_ROWS_PER_SM rows per
+# GroupNorm's rows, short or long, take the long-row kernels (forward, and
+# backward with dx) when there are at least GROUP_LONG_ROWS_PER_SM rows per
 # SM and a channel's HW positions are a multiple of GROUP_LONG_MIN_RUN (w and b
 # loaded once per run of positions); fewer rows are split over programs by
-# GroupNorm's own kernels.
+# GroupNorm's own kernels. Rows that fit a tile go there too: the own
+# kernels' [BLOCK_C, BLOCK_HW] tiles mask the lanes past HW in every channel
+# (BLOCK_HW is a power of two), the flat row masks only its end.
 GROUP_LONG_ROWS_PER_SM = 0.5
 GROUP_LONG_MIN_RUN = 4
 # With w or b trained, that long-row backward's pass 1 forms the per-channel
@@ -1422,7 +1424,7 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # the end, so its loop has no barrier.
 #
 # The same kernels also serve FusedAddRMSNorm (HAS_RESIDUAL, HAS_DS),
-# LayerNorm (CENTER, HAS_B) and GroupNorm's long rows (HW: w and b per
+# LayerNorm (CENTER, HAS_B) and GroupNorm's many rows (HW: w and b per
 # channel); sections 5, 6 and 7 explain those deltas.
 #
 # On a first reading, follow three kernels: `_row_norm_fwd_kernel` (a tile of
@@ -2826,34 +2828,33 @@ class LayerNorm(torch.nn.LayerNorm):
 # w[c] * dy * xhat and w[c] * dy per lane and reduces once per row, with no
 # per-channel reduction, no scratch and no second launch.
 #
-# Long rows. A row is contiguous, so past ROW_BLOCK_MAX elements the forward
-# and the backward are LayerNorm's long-row kernels with one delta: w and b
-# are per channel, not per column (their HW argument, `_affine_index`).
-# Their pass 1 sums per group of a thread's elements, with no barrier in the
-# loop (GroupNorm's own forward reduces every tile). With w or b trained the
-# backward's pass 1 forms A and D instead, by blocks of channels
+# Many rows. A row is contiguous, so with enough rows (the constants above),
+# long or short, the forward and the backward are LayerNorm's long-row kernels
+# with one delta: w and b are per channel, not per column (their HW argument,
+# `_affine_index`). Their pass 1 sums per group of a thread's elements, with no
+# barrier in the loop (GroupNorm's own forward reduces every tile). With w or b
+# trained the backward's pass 1 forms A and D instead, by blocks of channels
 # (`_group_channel_sums`, shared with GroupNorm's own backward).
 #
-# Few rows, short rows, and a backward without dx (the long-row kernel's
-# pass 2 is dx). GroupNorm's own kernels loop over [BLOCK_C, BLOCK_HW] tiles
-# in two passes (statistics, then the update, backwards for L2 hits). When
-# B * G is smaller than the SM count, each row is split over S programs by
-# channels, and the two passes become two launches: the first leaves
-# per-split partial statistics in spare columns of the saved statistics
-# tensor, the second merges them. The second one's work (y, or dx) is
-# elementwise once the statistics are known, so where whole channels leave
+# Few rows, HW no multiple of GROUP_LONG_MIN_RUN, and a backward without dx
+# (the long-row kernel's pass 2 is dx). GroupNorm's own kernels loop over
+# [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the update,
+# backwards for L2 hits). When B * G is smaller than the SM count, each row is
+# split over S programs by channels, and the two passes become two launches:
+# the first leaves per-split partial statistics in spare columns of the saved
+# statistics tensor, the second merges them. The second one's work (y, or dx)
+# is elementwise once the statistics are known, so where whole channels leave
 # too few splits it cuts each split into runs of tiles, one program per run
-# (`_group_runs`). In the forward, equal splits longer than
-# ROW_BLOCK_MAX (each a contiguous segment) take their statistics from the
-# long-row forward's pass 1 instead, one program per segment, or where the
-# splits are too few (a group of one channel is one split), one per piece:
-# each split cut into `pieces` equal contiguous pieces. The backward's first
-# launch takes as many runs of tiles per split where w and b are frozen (its
-# sums are per lane) or a split is one channel (A and D are per channel, and
-# each run leaves its share in a row of its own). The statistics tensor is
-# (B * G, 2 + 2 S pieces) fp32: mean, rstd, then two floats per piece. It is
-# allocated by the forward, so the split backward, too, allocates nothing
-# but dx when w and b are frozen.
+# (`_group_runs`). In the forward, equal splits longer than ROW_BLOCK_MAX (each
+# a contiguous segment) take their statistics from the long-row forward's pass
+# 1 instead, one program per segment, or where the splits are too few (a group
+# of one channel is one split), one per piece: each split cut into `pieces`
+# equal contiguous pieces. The backward's first launch takes as many runs of
+# tiles per split where w and b are frozen (its sums are per lane) or a split
+# is one channel (A and D are per channel, and each run leaves its share in a
+# row of its own). The statistics tensor is (B * G, 2 + 2 S pieces) fp32: mean,
+# rstd, then two floats per piece. It is allocated by the forward, so the split
+# backward, too, allocates nothing but dx when w and b are frozen.
 
 
 def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -3142,14 +3143,12 @@ def _group_runs(programs: int, per_split: int, HW: int, block_c: int, block_hw: 
 
 def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> Optional[_RowTiling]:
     """The long-row kernels' plan for GroupNorm's B * G rows of Cg * HW
-    elements, or None where GroupNorm's own kernels take them: rows that fit
-    a tile, fewer than GROUP_LONG_ROWS_PER_SM per SM, or HW no multiple of
-    GROUP_LONG_MIN_RUN."""
-    L = C // G * HW
-    if (L <= ROW_BLOCK_MAX or B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device)
-            or math.gcd(HW, LONG_PRESUM) < GROUP_LONG_MIN_RUN):
+    elements, whatever their length, or None where GroupNorm's own kernels
+    take them: fewer than GROUP_LONG_ROWS_PER_SM rows per SM, or HW no
+    multiple of GROUP_LONG_MIN_RUN."""
+    if B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device) or math.gcd(HW, LONG_PRESUM) < GROUP_LONG_MIN_RUN:
         return None
-    return _row_tiling(B * G, L)
+    return _row_tiling(B * G, C // G * HW)
 
 
 def _group_long_sum_channels(Cg: int, HW: int, block_n: int) -> int:

@@ -1366,23 +1366,33 @@ def test_aligned_rows(name, N, extra, align):
         check_op(OPS[name], (3, N), torch.bfloat16, params, _with_grads(name), layout=layout)
 
 
-@pytest.mark.parametrize("shape, groups, align", [
-    ((2, 4, 10, 10), 2, 4), ((2, 4, 5, 40), 2, 8), ((2, 8, 14, 14), 4, 4),   # HW 100, 200, 196
-    ((3, 6, 7, 7), 3, 1), ((2, 4, 8, 8), 2, 1)])                              # HW 49 (odd), 64
-def test_group_norm_aligned(shape, groups, align):
+@pytest.mark.parametrize("shape, groups, align, long_align", [
+    ((2, 4, 10, 10), 2, 4, 8), ((2, 4, 5, 40), 2, 8, 1), ((2, 8, 14, 14), 4, 4, 8),   # HW 100, 200, 196
+    ((3, 6, 7, 7), 3, 1, None), ((2, 4, 8, 8), 2, 1, 1)])                         # HW 49 (odd), 64
+@pytest.mark.parametrize("long_rows", [False, True], ids=["group-kernels", "long-rows"])
+def test_group_norm_aligned(shape, groups, align, long_align, long_rows, monkeypatch):
     """GroupNorm's own kernels take ALIGN from HW (`_align`; x is indexed as
-    a contiguous (B, C, HW)), every launch of the forward and of the
-    backward, trained and dx alone (recorded on meta tensors); against
-    float64, trained and frozen (a wrong ALIGN would misplace channels)."""
+    a contiguous (B, C, HW)), the long-row kernels from a row's Cg * HW
+    elements (an odd HW stays with the own kernels): every launch of the
+    forward and of the backward, trained and dx alone (recorded on meta
+    tensors); against float64, trained and frozen (a wrong ALIGN would
+    misplace channels)."""
     from bench_frozen_norm import recording
+    if long_rows:
+        _group_long_rows_from(fn.ROW_BLOCK_MAX, monkeypatch)
+        align = align if long_align is None else long_align
+    else:
+        _group_own_kernels(monkeypatch)
     x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     w = torch.empty(shape[1], device="meta", dtype=torch.bfloat16)
     with recording() as rec:
         _, stats = fn.group_norm_forward(x, groups, w, w)
         fn.group_norm_backward(x, x, groups, w, w, stats)
         fn.group_norm_backward(x, x, groups, w, w, stats, compute_dw=False, compute_db=False)
-    own = [lc.constexprs["ALIGN"] for lc in rec.launches if lc.name.startswith("_group_norm_")]
-    assert len(own) >= 3 and set(own) == {align}, [(lc.name, lc.constexprs.get("ALIGN")) for lc in rec.launches]
+    aligns = [lc.constexprs["ALIGN"] for lc in rec.launches if lc.name != "_sum_partials_kernel"]
+    own = [lc.name.startswith("_group_norm_") for lc in rec.launches if lc.name != "_sum_partials_kernel"]
+    assert len(aligns) >= 3 and set(aligns) == {align}, [(lc.name, lc.constexprs.get("ALIGN")) for lc in rec.launches]
+    assert all(own) if not long_rows or long_align is None else not any(own)
     for params in (ALL_TRAIN["gn"], ALL_FROZEN["gn"]):
         check_op(OPS["gn"], shape, torch.bfloat16, params, _with_grads("gn"), groups=groups)
 
@@ -1842,9 +1852,16 @@ def test_layer_norm_outliers(row_block_max, presum, monkeypatch):
 
 
 def _group_long_rows_from(n, monkeypatch):
-    """GroupNorm rows longer than n take the long-row kernels, however few."""
+    """GroupNorm's rows take the long-row kernels however few, in chunks where
+    they are longer than n (`_long_rows_from`)."""
     _long_rows_from(n, monkeypatch)
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 0)
+
+
+def _group_own_kernels(monkeypatch):
+    """GroupNorm's own kernels take every row, however many (on the
+    interpreter's INTERPRETER_SMS two rows are already many)."""
+    monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", math.inf)
 
 
 def _takes_long_rows(shape, groups):
@@ -1857,8 +1874,7 @@ def test_group_norm_large_mean(long_rows, monkeypatch):
     """GroupNorm's statistics on a large mean over a small spread: per tile,
     merged with Chan's formula, in one program per group and split over
     programs (B * G = 2); or through the long-row kernels' per-group shifts."""
-    if long_rows:
-        _group_long_rows_from(64, monkeypatch)
+    (_group_long_rows_from if long_rows else lambda n, mp: _group_own_kernels(mp))(64, monkeypatch)
     assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
     x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0).requires_grad_()
     w, b = randn(4, shift=1.0), randn(4)
@@ -1885,8 +1901,7 @@ def test_large_mean_backward(op, long_rows, trained, monkeypatch):
         run = lambda x, w, b: fn.layer_norm(x, (3000,), w, b)   # noqa: E731
         ref = lambda x, w, b: fn.layer_norm_reference(x, (3000,), w, b)   # noqa: E731
     else:
-        if long_rows:
-            _group_long_rows_from(64, monkeypatch)
+        (_group_long_rows_from if long_rows else lambda n, mp: _group_own_kernels(mp))(64, monkeypatch)
         assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
         x = randn(1, 4, 30, 50, shift=1000.0)
         w, b = randn(4, shift=1.0), randn(4)
@@ -1955,16 +1970,19 @@ def test_group_norm_long_rows_mixed_dtypes(params, monkeypatch):
 
 
 def test_group_norm_long_rows_plan():
-    """Which GroupNorm rows take the long-row kernels: long ones, at least
-    GROUP_LONG_ROWS_PER_SM per SM, of a multiple of GROUP_LONG_MIN_RUN positions per channel."""
+    """Which GroupNorm rows take the long-row kernels: at least
+    GROUP_LONG_ROWS_PER_SM per SM, of a multiple of GROUP_LONG_MIN_RUN
+    positions per channel, long or short."""
     device = torch.device(DEVICE)
     rows = math.ceil(fn.GROUP_LONG_ROWS_PER_SM * fn._num_sms(device))
     hw = fn.ROW_BLOCK_MAX   # two channels per group: rows of 2 * ROW_BLOCK_MAX elements
     plan = lambda B, HW: fn._group_long_rows(B, 2, HW, 1, device)   # noqa: E731  (B rows of 2 * HW)
     assert plan(rows, hw) is not None
-    assert plan(rows, hw // 2) is None       # rows of ROW_BLOCK_MAX fit a tile
+    assert plan(rows, 4) is not None         # rows of 8 elements too
+    assert plan(rows, 196).block_n >= 392    # a row that fits a tile: one chunk
     assert plan(rows - 1, hw) is None        # too few rows (rows > 1 on any GPU and in the interpreter)
     assert plan(rows, hw + 2) is None        # HW % 4 = 2
+    assert plan(rows, 50) is None            # HW % 4 = 2
     assert plan(rows, hw + 4) is not None
 
 
