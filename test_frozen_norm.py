@@ -1864,6 +1864,15 @@ def _group_own_kernels(monkeypatch):
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", math.inf)
 
 
+def _group_kernels(long_rows, monkeypatch):
+    """GroupNorm on the long-row kernels (in chunks past 64 elements) or on
+    its own kernels, whatever the rows."""
+    if long_rows:
+        _group_long_rows_from(64, monkeypatch)
+    else:
+        _group_own_kernels(monkeypatch)
+
+
 def _takes_long_rows(shape, groups):
     B, C = shape[:2]
     return fn._group_long_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
@@ -1874,7 +1883,7 @@ def test_group_norm_large_mean(long_rows, monkeypatch):
     """GroupNorm's statistics on a large mean over a small spread: per tile,
     merged with Chan's formula, in one program per group and split over
     programs (B * G = 2); or through the long-row kernels' per-group shifts."""
-    (_group_long_rows_from if long_rows else lambda n, mp: _group_own_kernels(mp))(64, monkeypatch)
+    _group_kernels(long_rows, monkeypatch)
     assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
     x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0).requires_grad_()
     w, b = randn(4, shift=1.0), randn(4)
@@ -1905,7 +1914,7 @@ def test_large_mean_backward(op, long_rows, trained, monkeypatch):
         run = lambda x, w, b: fn.layer_norm(x, (3000,), w, b)   # noqa: E731
         ref = lambda x, w, b: fn.layer_norm_reference(x, (3000,), w, b)   # noqa: E731
     else:
-        (_group_long_rows_from if long_rows else lambda n, mp: _group_own_kernels(mp))(64, monkeypatch)
+        _group_kernels(long_rows, monkeypatch)
         assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
         x = randn(1, 4, 30, 50, shift=1000.0)
         w, b = randn(4, shift=1.0), randn(4)
