@@ -1938,7 +1938,10 @@ def test_large_mean_backward(op, long_rows, trained, monkeypatch):
 # w or b trained, the backward's per-channel sums go in tiles (BLOCK_C x
 # BLOCK_HW) of 2 x 16, 1 x 16 (the last 4 of 16 lanes in a channel), 1 x 16
 # (100 positions in 7 tiles) and 8 x 2 (9 channels: the second block 1 of 8).
-GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2), ((2, 18, 2, 4), 2)]
+# Then rows that fit one chunk, as GroupNorm's many short rows do since
+# `b54bcff`: 2 channels of 4 positions (a chunk of 8, PRESUM 4) and of 28 (56).
+GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2), ((2, 18, 2, 4), 2),
+                     ((4, 6, 2, 2), 3), ((3, 4, 7, 4), 2)]
 
 
 def _group_long_cases():
