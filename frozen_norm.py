@@ -694,8 +694,7 @@ def _narrow_forward(x: torch.Tensor, M: int, N: int, stride_x: int, center: bool
     plans as before (16-bit rows aligned for vectors only, `_vector_aligned`;
     LayerNorm's if `center`). LayerNorm's padded rows of PADDED_ROW_MIN and
     less: `_short_narrow_vec`, on the tile the forward plans for them."""
-    if (x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX
-            or not _vector_aligned((N, stride_x), (), 2)):
+    if x.element_size() != 2 or not PADDED_ROW_MIN < N <= ROW_BLOCK_MAX or not _vector_aligned((N, stride_x), 2):
         return None, 0
     tile = _row_tiling(M, N)
     if N % _lane_repeat(tile, 16 // x.element_size()) == 0:
@@ -721,7 +720,7 @@ def _short_narrow_vec(t: "_RowTiling", N: int, tensors: tuple, strides: tuple) -
     repeat of its threads' 16-byte vectors wide (Triton lays a narrower
     tile's warps across rows, where no lane is empty for N_CONST to fold)."""
     if (N > PADDED_ROW_MIN or not _fills_poorly(N, t.block_n, PADDED_ROW_FILL)
-            or any(u.element_size() != 2 for u in tensors) or not _vector_aligned((N, *strides), (), 2)
+            or any(u.element_size() != 2 for u in tensors) or not _vector_aligned((N, *strides), 2)
             or t.block_n < _lane_repeat(t, 16 // 2)):
         return 0
     return _narrow_vec(t, N)
@@ -948,10 +947,10 @@ def _align(*ints: int) -> int:
     return low if 1 < low < 16 else 1
 
 
-def _vector_aligned(strides: tuple, tensors: tuple, size: int) -> bool:
+def _vector_aligned(strides: tuple, size: int, tensors: tuple = ()) -> bool:
     """Whether Triton can prove 16-byte vector loads of `size`-byte elements
     on rows of these `strides` (the row length among them; and at these
-    tensors' addresses, None skipped): its launcher specialises pointers on
+    `tensors`' addresses, None skipped): its launcher specialises pointers on
     divisibility by 16 bytes, and with ALIGN (`_align`) a launch declares
     the multiples of 16 // size elements."""
     return (all(s % (16 // size) == 0 for s in strides)
@@ -970,7 +969,7 @@ def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple, narrow: bool = T
     if t.rows % t.num_warps:
         return t.block_n
     size = tensors[0].element_size()
-    aligned = _vector_aligned(strides, tensors, size)
+    aligned = _vector_aligned(strides, size, tensors)
     vec = 16 // size if aligned else 1
     seg = min(t.block_n, WARP_LOAD_BYTES // size if aligned else 32)
     while narrow and seg * size > LINE_MIN_BYTES and t.rows % (t.num_warps * 32 * vec // (seg // 2)) == 0:
@@ -2346,7 +2345,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # plans below of a tile and a tail, or of a row per tile, take (tested
     # once, and not at all for the short rows of most calls).
     vec16 = (N > ROW_BLOCK_MAX // 2 and max(x.element_size(), dy.element_size()) == 2
-             and _vector_aligned((N, *strides), (), 2))
+             and _vector_aligned((N, *strides), 2))
     # RMSNorm's and FusedAdd's 16-bit rows just past half a tile of ROW_BLOCK_MAX, with dx asked: that
     # half and a tail (PADDED_TAIL_BLOCK_N; half of it filled at most with ds), trained, and FusedAdd's
     # frozen too, in the tile kernel's persistent grid, not the long-row kernel.
