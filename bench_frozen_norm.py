@@ -365,7 +365,8 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda", compile_block=
 # ----------------------------------------------------------------------------
 
 KERNELS = ["_row_norm_fwd_kernel", "_row_norm_bwd_kernel", "_long_row_norm_fwd_kernel", "_long_row_norm_bwd_kernel",
-           "_group_norm_fwd_kernel", "_group_norm_bwd_kernel", "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel",
+           "_group_norm_fwd_kernel", "_group_norm_bwd_kernel", "_group_rows_fwd_kernel", "_group_rows_bwd_kernel",
+           "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel",
            "_poly_norm_bwd_kernel", "_long_poly_norm_bwd_kernel", "_row_norm_dwdb_kernel", "_sum_partials_kernel"]
 
 
@@ -639,7 +640,8 @@ PLAN_SIZES = {op: [(64, 512), (64, 1024), (64, 1280), (64, 4608), (64, 5120), (8
               for op in ("rms", "fadd", "ln", "poly")}
 PLAN_SIZES["ln"].insert(5, (8, 9216))
 PLAN_SIZES["gn"] = [(2, 6, 5, 7, 3), (16, 512, 64, 64, 32), (8, 1280, 32, 32, 32), (1, 512, 256, 256, 32),
-                    (1, 32, 1024, 1024, 32), (1, 96, 512, 512, 32), (64, 128, 64, 64, 32)]
+                    (1, 32, 1024, 1024, 32), (1, 96, 512, 512, 32), (64, 128, 64, 64, 32), (8, 64, 33, 33, 32),
+                    (1024, 64, 8, 8, 32)]
 
 
 def record_forward(op, size, dtype=torch.bfloat16, num_sms=H200_SMS):

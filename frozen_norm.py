@@ -58,6 +58,8 @@ What you will learn by reading it
   batches): each row split over programs, by channels and by pieces of
   them, in two launches, the partial moments merged by Chan's formula, and
   the second, elementwise launch cut into as many runs as fill the SMs.
+  And the opposite, rows of a few hundred elements: several whole rows a
+  program, in a 3-D tile whose middle axis is the channel.
 * Two kernels side by side on two CUDA streams, so that one finds in L2 what
   the other read (the dw/db kernel of long rows beside their dx kernel), and
   why that pays only where they start together: in a CUDA graph.
@@ -74,7 +76,8 @@ Contents (the section banners below)
  4. RMSNorm            (introduces the row kernels shared by 5, 6 and 7)
  5. FusedAddRMSNorm    (delta: the residual add, a second output)
  6. LayerNorm          (delta: centring and a bias)
- 7. GroupNorm          (many rows: the long-row kernels, w per channel; else own kernels)
+ 7. GroupNorm          (short rows: tiles of rows; many rows: the long-row kernels, w per
+                       channel; else own kernels)
  8. PolyNorm           (own kernels: three statistics per row)
  9. torch.compile: the launchers as custom ops
 10. Swapping modules in place: replace_norms
@@ -557,15 +560,23 @@ GROUP_PROGRAMS_PER_SM = 2
 # per-channel sums reduce once per tile, 16 times fewer reductions than tiles
 # of one channel of 4096 (without dw/db, one channel a tile measured best).
 GROUP_SUM_CHANNELS = 16
-# GroupNorm's rows, short or long, take the long-row kernels (forward, and
-# backward with dx) when there are at least GROUP_LONG_ROWS_PER_SM rows per
-# SM and a channel's HW positions are a multiple of GROUP_LONG_MIN_RUN (w and b
-# loaded once per run of positions); fewer rows are split over programs by
-# GroupNorm's own kernels. Rows that fit a tile go there too: the own
-# kernels' [BLOCK_C, BLOCK_HW] tiles mask the lanes past HW in every channel
-# (BLOCK_HW is a power of two), the flat row masks only its end.
+# GroupNorm's rows take the long-row kernels (forward, and backward with dx)
+# when there are at least GROUP_LONG_ROWS_PER_SM rows per SM and a channel's
+# HW positions are a multiple of GROUP_LONG_MIN_RUN (w and b loaded once per
+# run of positions), long rows and short ones that GROUP_SHORT_ROW_MAX leaves
+# them; fewer rows are split over programs by GroupNorm's own kernels. Rows
+# that fit a tile go there too: the own kernels' [BLOCK_C, BLOCK_HW] tiles
+# mask the lanes past HW in every channel (BLOCK_HW is a power of two), the
+# flat row masks only its end.
 GROUP_LONG_ROWS_PER_SM = 0.5
 GROUP_LONG_MIN_RUN = 4
+# Rows whose [pow2(Cg), pow2(HW)] block holds at most GROUP_SHORT_ROW_MAX
+# elements take the short-row kernels, however many or few: whole rows,
+# several a program, in [ROWS, BLOCK_C, BLOCK_HW] tiles. A program per row of
+# a few hundred elements is mostly overhead; from blocks of 2048 on, the
+# long-row kernels measured as fast or faster. Where the row fills its
+# block poorly (PADDED_ROW_FILL), the long-row kernels keep it if they take it.
+GROUP_SHORT_ROW_MAX = 1024
 # With w or b trained, that long-row backward's pass 1 forms the per-channel
 # sums (`_group_channel_sums`) over tiles of a block of channels and
 # 1 / GROUP_SUM_TILES of their positions, reduced once per block.
@@ -2827,8 +2838,18 @@ class LayerNorm(torch.nn.LayerNorm):
 # w[c] * dy * xhat and w[c] * dy per lane and reduces once per row, with no
 # per-channel reduction, no scratch and no second launch.
 #
+# Short rows (a block of GROUP_SHORT_ROW_MAX elements, or less, holds one).
+# Several whole rows a program, as the row norms' tiles hold them, with one
+# delta: a row is laid out as [channels, positions], so the tile is [ROWS,
+# BLOCK_C, BLOCK_HW], w and b are one value per (row, channel) and broadcast
+# over the positions, and A and D are sums over the last axis, stored to the
+# (B, C) scratch straight from the tile. x is read once; each row's
+# statistics, c1 and c2 are reduced inside the tile. The lanes past Cg or HW
+# are masked; where they are most of the block, the long-row kernels keep
+# the rows if they take them (GROUP_SHORT_ROW_MAX).
+#
 # Many rows. A row is contiguous, so with enough rows (the constants above),
-# long or short, the forward and the backward are LayerNorm's long-row kernels
+# longer or short, the forward and the backward are LayerNorm's long-row kernels
 # with one delta: w and b are per channel, not per column (their HW argument,
 # `_affine_index`). Their pass 1 sums per group of a thread's elements, with no
 # barrier in the loop (GroupNorm's own forward reduces every tile). With w or b
@@ -2836,7 +2857,8 @@ class LayerNorm(torch.nn.LayerNorm):
 # (`_group_channel_sums`, shared with GroupNorm's own backward).
 #
 # Few rows, HW no multiple of GROUP_LONG_MIN_RUN, and a backward without dx
-# (the long-row kernel's pass 2 is dx). GroupNorm's own kernels loop over
+# (the long-row kernel's pass 2 is dx), where the rows are not short.
+# GroupNorm's own kernels loop over
 # [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the update,
 # backwards for L2 hits). When B * G is smaller than the SM count, each row is
 # split over S programs by channels, and the two passes become two launches:
@@ -3088,6 +3110,121 @@ def _group_norm_bwd_kernel(
             tl.store(DX + base + offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _group_rows_tile(rows, M, Cg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+    """Offsets and mask of a [ROWS, BLOCK_C, BLOCK_HW] tile of whole rows
+    (`rows` of M, each Cg * HW contiguous elements): [r, c, h] is position h
+    of channel c of row rows[r]. Also the tile's channels, [ROWS, BLOCK_C,
+    1]: their index in w and b, (row % G) * Cg + c, with G = M's groups."""
+    c = tl.arange(0, BLOCK_C)
+    h = tl.arange(0, BLOCK_HW)
+    offs = (rows.to(tl.int64) * (Cg * HW))[:, None, None] + (c * HW)[None, :, None] + h[None, None, :]
+    mask = (rows < M)[:, None, None] & ((c < Cg)[:, None] & (h < HW)[None, :])[None, :, :]
+    return offs, mask, c
+
+
+@triton.jit
+def _group_rows_sums(t):
+    """The row sums of a [ROWS, BLOCK_C, BLOCK_HW] tile, [ROWS]."""
+    return tl.sum(tl.sum(t, axis=2), axis=1)
+
+
+@triton.jit
+def _group_rows_fwd_kernel(
+    X, Y, W, B, Stats,               # X, Y: (B, C, HW); W, B: (C,); Stats: (B*G, stats_stride) fp32
+    M, G, Cg, HW, stats_stride, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_HW: tl.constexpr, ALIGN: tl.constexpr,
+):
+    """GroupNorm forward of short rows: y = (x - mean) * rstd * w[c] + b[c],
+    ROWS whole (sample, group) rows a program, x read once.
+
+    The delta on `_row_norm_fwd_kernel` (LayerNorm's tile of rows): a row of
+    L = Cg * HW elements is held as [BLOCK_C, BLOCK_HW] (channels x
+    positions, each a power of two), so that w and b, per channel, are one
+    value per channel of a row, [ROWS, BLOCK_C, 1], broadcast over its
+    positions. The price is the lanes past Cg and past HW, masked.
+
+    Grid: (cdiv(M, ROWS),), M = B * G rows; program p takes rows p * ROWS to
+    p * ROWS + ROWS - 1. Pointers: X, Y contiguous (B, C, HW), viewed as M
+    rows of L; W, B (C,); Stats (M, stats_stride) fp32: the kernel writes
+    mean and rstd to its columns 0 and 1 (`_group_stats_shape`).
+    Dtypes: Y is X's dtype; W, B any float dtype; fp32 math.
+    HAS_W, HAS_B: False removes the load and use of w (b).
+    ALIGN: `_aligned`'s hint, a power of two dividing HW; 1 removes it.
+    """
+    HW = _aligned(HW, ALIGN)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
+    offs, mask, c = _group_rows_tile(rows, M, Cg, HW, BLOCK_C, BLOCK_HW)
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    mean = _group_rows_sums(x) / (Cg * HW)
+    xc = tl.where(mask, x - mean[:, None, None], 0.0)
+    rstd = 1.0 / tl.sqrt(_group_rows_sums(xc * xc) / (Cg * HW) + eps)
+    stats = Stats + rows.to(tl.int64) * stats_stride
+    tl.store(stats, mean, mask=rows < M)
+    tl.store(stats + 1, rstd, mask=rows < M)
+    channels = ((rows % G) * Cg)[:, None, None] + c[None, :, None]
+    y = _row_affine(xc * rstd[:, None, None], W, B, channels, G * Cg, 0.0, HAS_W, HAS_B)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _group_rows_bwd_kernel(
+    DY, X, W, Stats, DX, DWp, DBp,   # DY, X, DX: (B, C, HW); W: (C,); Stats: (B*G, stats_stride) fp32;
+                                     # DWp, DBp: (B, C)
+    M, G, Cg, HW, stats_stride,
+    HAS_W: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, ALIGN: tl.constexpr,
+):
+    """GroupNorm backward of short rows, in `_group_rows_fwd_kernel`'s tiles:
+    dx = rstd * (g - xhat * c1 - c2) with g = dy * w[c], and the
+    per-(sample, channel) sums A[c] = sum_hw dy * xhat and D[c] = sum_hw dy.
+
+    A tile holds whole rows, so each row's c1 = mean(xhat * g) and c2 =
+    mean(g) are reduced in the tile, and each channel's A and D too (over
+    the tile's last axis): no loop, no scratch but the (B, C) sums, x and dy
+    read once.
+
+    Grid: (cdiv(M, ROWS),), as the forward. Pointers: DY, X, DX contiguous
+    (B, C, HW) as M = B * G rows; W (C,); Stats (M, stats_stride) fp32 with
+    mean and rstd in columns 0 and 1; DWp, DBp (B, C) contiguous, fp32 or
+    with B = 1 dw and db themselves (`_sum_targets`): row r's channel c goes
+    to element r * Cg + c. Dtypes: DX, DWp, DBp are written in their own
+    dtype; DY, X, W may each differ. fp32 math.
+    Flags (each False removes code):
+      COMPUTE_DX  the row sums, the dx arithmetic and the DX stores.
+      COMPUTE_DW  the per-channel sums of dy * xhat and their stores.
+      COMPUTE_DB  the per-channel sums of dy and their stores.
+      HAS_W       the load of w (g = dy).
+    ALIGN: `_aligned`'s hint, a power of two dividing HW; 1 removes it.
+    """
+    HW = _aligned(HW, ALIGN)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offs, mask, c = _group_rows_tile(rows, M, Cg, HW, BLOCK_C, BLOCK_HW)
+    stats = Stats + rows.to(tl.int64) * stats_stride
+    mean = tl.load(stats, mask=rows < M, other=0.0)[:, None, None]
+    rstd = tl.load(stats + 1, mask=rows < M, other=0.0)[:, None, None]
+    # Masked lanes load x = dy = 0: their g is 0, and so is every term they add.
+    x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+    xhat = _xhat(x, mean, rstd, True)
+    if COMPUTE_DX:
+        g = dy
+        if HAS_W:
+            g = dy * _load_vector(W, ((rows % G) * Cg)[:, None, None] + c[None, :, None], G * Cg)
+        c1 = (_group_rows_sums(xhat * g) / (Cg * HW))[:, None, None]
+        c2 = (_group_rows_sums(g) / (Cg * HW))[:, None, None]
+        dx = g * rstd - c2 * rstd - xhat * (c1 * rstd)
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    sums = rows.to(tl.int64)[:, None] * Cg + c[None, :]   # (sample, channel): r * Cg + c of (B, C)
+    sums_mask = (rows < M)[:, None] & (c < Cg)[None, :]
+    if COMPUTE_DW:
+        tl.store(DWp + sums, tl.sum(dy * xhat, axis=2).to(DWp.dtype.element_ty), mask=sums_mask)
+    if COMPUTE_DB:
+        tl.store(DBp + sums, tl.sum(dy, axis=2).to(DBp.dtype.element_ty), mask=sums_mask)
+
+
 class _GroupTiling(NamedTuple):
     splits: int               # S: programs per (sample, group) row
     channels_per_split: int
@@ -3144,10 +3281,34 @@ def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> O
     """The long-row kernels' plan for GroupNorm's B * G rows of Cg * HW
     elements, whatever their length, or None where GroupNorm's own kernels
     take them: fewer than GROUP_LONG_ROWS_PER_SM rows per SM, or HW no
-    multiple of GROUP_LONG_MIN_RUN."""
+    multiple of GROUP_LONG_MIN_RUN. The launchers ask `_group_short_rows`
+    first: rows that it plans take the short-row kernels."""
     if B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device) or math.gcd(HW, LONG_PRESUM) < GROUP_LONG_MIN_RUN:
         return None
     return _row_tiling(B * G, C // G * HW)
+
+
+def _group_short_rows(B: int, C: int, HW: int, G: int, device: torch.device,
+                      backward: bool = False) -> Optional[_RowTiling]:
+    """The plan of GroupNorm's short-row kernels (`_group_rows_fwd_kernel`):
+    the row kernels' tiles of B * G rows of a row's [pow2(Cg), pow2(HW)]
+    block (`_row_tiling`, the forward's or the backward's), [ROWS, BLOCK_C,
+    BLOCK_HW] here. None where that block exceeds GROUP_SHORT_ROW_MAX, or
+    where the row fills it poorly (PADDED_ROW_FILL) and the long-row kernels
+    take the rows: their flat row is masked only at its end."""
+    Cg = C // G
+    block = _pow2(Cg) * _pow2(HW)
+    if block > GROUP_SHORT_ROW_MAX:
+        return None
+    if _fills_poorly(Cg * HW, block, PADDED_ROW_FILL) and _group_long_rows(B, C, HW, G, device) is not None:
+        return None
+    return _row_tiling(B * G, block, backward=backward)
+
+
+def _group_short_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict:
+    """The compile-time arguments both short-row kernels take (plan `t`)."""
+    return dict(HAS_W=weight is not None, ROWS=t.rows, BLOCK_C=_pow2(C // G), BLOCK_HW=_pow2(HW),
+                ALIGN=_align(HW), num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
 
 
 def _group_long_sum_channels(Cg: int, HW: int, block_n: int) -> int:
@@ -3198,6 +3359,13 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     t = _group_forward_tiling(x, num_groups)
     y, stats = _group_norm_outputs(x, num_groups, t)
     if x3.numel() == 0:
+        return y, stats
+    short_rows = _group_short_rows(B, C, HW, num_groups, x.device)
+    if short_rows is not None:
+        _group_rows_fwd_kernel[(short_rows.num_tiles,)](
+            x3, y, _vector(weight), _vector(bias), stats, B * num_groups, num_groups, C // num_groups, HW,
+            stats.stride(0), float(eps), HAS_B=bias is not None,
+            **_group_short_row_meta(short_rows, C, HW, num_groups, weight))
         return y, stats
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
     if long_rows is not None:
@@ -3265,8 +3433,15 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
                          f"returns for this x, got {tuple(stats.shape)} {stats.dtype} on {stats.device}")
     if x3.numel() == 0 or not (compute_dx or trains):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
+    short_rows = _group_short_rows(B, C, HW, num_groups, x.device, backward=True)
     long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
-    if long_rows is not None and compute_dx:
+    if short_rows is not None:
+        dw_partial, db_partial = _sum_targets(B, dw, db)
+        _group_rows_bwd_kernel[(short_rows.num_tiles,)](
+            dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, B * num_groups, num_groups, Cg, HW,
+            stats.stride(0), COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            **_group_short_row_meta(short_rows, C, HW, num_groups, weight))
+    elif long_rows is not None and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
         # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with
         # either trained; six chunks, not three, at 20481 to 24576

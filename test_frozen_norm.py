@@ -1369,20 +1369,20 @@ def test_aligned_rows(name, N, extra, align):
 @pytest.mark.parametrize("shape, groups, align, long_align", [
     ((2, 4, 10, 10), 2, 4, 8), ((2, 4, 5, 40), 2, 8, 1), ((2, 8, 14, 14), 4, 4, 8),   # HW 100, 200, 196
     ((3, 6, 7, 7), 3, 1, None), ((2, 4, 8, 8), 2, 1, 1)])                         # HW 49 (odd), 64
-@pytest.mark.parametrize("long_rows", [False, True], ids=["group-kernels", "long-rows"])
-def test_group_norm_aligned(shape, groups, align, long_align, long_rows, monkeypatch):
-    """GroupNorm's own kernels take ALIGN from HW (`_align`; x is indexed as
-    a contiguous (B, C, HW)), the long-row kernels from a row's Cg * HW
-    elements (an odd HW stays with the own kernels): every launch of the
-    forward and of the backward, trained and dx alone (recorded on meta
-    tensors); against float64, trained and frozen (a wrong ALIGN would
-    misplace channels)."""
+@pytest.mark.parametrize("kernels", ["own", "long", "short"])
+def test_group_norm_aligned(shape, groups, align, long_align, kernels, monkeypatch):
+    """GroupNorm's own and short-row kernels take ALIGN from HW (`_align`; x
+    is indexed as a contiguous (B, C, HW)), the long-row kernels from a
+    row's Cg * HW elements (an odd HW stays with the own kernels): every
+    launch of the forward and of the backward, trained and dx alone
+    (recorded on meta tensors); against float64, trained and frozen (a
+    wrong ALIGN would misplace channels)."""
     from bench_frozen_norm import recording
-    if long_rows:
+    if kernels == "long":
         _group_long_rows_from(fn.ROW_BLOCK_MAX, monkeypatch)
         align = align if long_align is None else long_align
     else:
-        _group_own_kernels(monkeypatch)
+        _group_kernels(kernels, monkeypatch)
     x = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     w = torch.empty(shape[1], device="meta", dtype=torch.bfloat16)
     with recording() as rec:
@@ -1390,9 +1390,14 @@ def test_group_norm_aligned(shape, groups, align, long_align, long_rows, monkeyp
         fn.group_norm_backward(x, x, groups, w, w, stats)
         fn.group_norm_backward(x, x, groups, w, w, stats, compute_dw=False, compute_db=False)
     aligns = [lc.constexprs["ALIGN"] for lc in rec.launches if lc.name != "_sum_partials_kernel"]
-    own = [lc.name.startswith("_group_norm_") for lc in rec.launches if lc.name != "_sum_partials_kernel"]
+    names = {lc.name for lc in rec.launches if lc.name != "_sum_partials_kernel"}
     assert len(aligns) >= 3 and set(aligns) == {align}, [(lc.name, lc.constexprs.get("ALIGN")) for lc in rec.launches]
-    assert all(own) if not long_rows or long_align is None else not any(own)
+    if kernels == "short":
+        assert names == {"_group_rows_fwd_kernel", "_group_rows_bwd_kernel"}, names
+    else:
+        own = kernels == "own" or long_align is None
+        assert names == ({"_group_norm_fwd_kernel", "_group_norm_bwd_kernel"} if own else
+                         {"_long_row_norm_fwd_kernel", "_long_row_norm_bwd_kernel"}), names
     for params in (ALL_TRAIN["gn"], ALL_FROZEN["gn"]):
         check_op(OPS["gn"], shape, torch.bfloat16, params, _with_grads("gn"), groups=groups)
 
@@ -1852,39 +1857,53 @@ def test_layer_norm_outliers(row_block_max, presum, monkeypatch):
 
 
 def _group_long_rows_from(n, monkeypatch):
-    """GroupNorm's rows take the long-row kernels however few, in chunks where
-    they are longer than n (`_long_rows_from`)."""
+    """GroupNorm's rows take the long-row kernels however few or short, in
+    chunks where they are longer than n (`_long_rows_from`)."""
     _long_rows_from(n, monkeypatch)
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 0)
+    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)
 
 
 def _group_own_kernels(monkeypatch):
-    """GroupNorm's own kernels take every row, however many (on the
+    """GroupNorm's own kernels take every row, however many or short (on the
     interpreter's INTERPRETER_SMS two rows are already many)."""
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", math.inf)
+    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)
 
 
-def _group_kernels(long_rows, monkeypatch):
-    """GroupNorm on the long-row kernels (in chunks past 64 elements) or on
-    its own kernels, whatever the rows."""
-    if long_rows:
-        _group_long_rows_from(64, monkeypatch)
-    else:
-        _group_own_kernels(monkeypatch)
+def _group_short_rows_all(monkeypatch):
+    """GroupNorm's short-row kernels take every row of the tests' sizes."""
+    monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", math.inf)
+    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 2**14)
+
+
+def _group_kernels(kernels, monkeypatch):
+    """GroupNorm on its own kernels ("own"), the long-row kernels ("long", in
+    chunks past 64 elements) or the short-row kernels ("short"), whatever the rows."""
+    {"own": _group_own_kernels, "long": lambda mp: _group_long_rows_from(64, mp),
+     "short": _group_short_rows_all}[kernels](monkeypatch)
 
 
 def _takes_long_rows(shape, groups):
     B, C = shape[:2]
-    return fn._group_long_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
+    return (fn._group_long_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
+            and not _takes_short_rows(shape, groups))
 
 
-@pytest.mark.parametrize("long_rows", [False, True], ids=["group-kernels", "long-rows"])
-def test_group_norm_large_mean(long_rows, monkeypatch):
+def _takes_short_rows(shape, groups):
+    B, C = shape[:2]
+    return fn._group_short_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
+
+
+@pytest.mark.parametrize("kernels", ["own", "long", "short"])
+def test_group_norm_large_mean(kernels, monkeypatch):
     """GroupNorm's statistics on a large mean over a small spread: per tile,
     merged with Chan's formula, in one program per group and split over
-    programs (B * G = 2); or through the long-row kernels' per-group shifts."""
-    _group_kernels(long_rows, monkeypatch)
-    assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
+    programs (B * G = 2); through the long-row kernels' per-group shifts; or
+    in the short-row kernels' tile of whole rows (the mean first)."""
+    _group_kernels(kernels, monkeypatch)
+    assert (_takes_long_rows((1, 4, 30, 50), 2), _takes_short_rows((1, 4, 30, 50), 2)) == (
+        kernels == "long", kernels == "short")
     x = randn(1, 4, 30, 50, scale=1.0, shift=1000.0).requires_grad_()
     w, b = randn(4, shift=1.0), randn(4)
     check = fn.group_norm(x, 2, w, b)
@@ -1892,30 +1911,32 @@ def test_group_norm_large_mean(long_rows, monkeypatch):
     assert rel_error(check, ref) < 1e-3
 
 
-@pytest.mark.parametrize("op, long_rows, trained", [("ln", False, True), ("ln", True, True), ("ln", True, False),
-                                                      ("gn", False, True), ("gn", True, True), ("gn", True, False)])
-def test_large_mean_backward(op, long_rows, trained, monkeypatch):
+@pytest.mark.parametrize("op, kernels, trained", [
+    ("ln", "tile", True), ("ln", "long", True), ("ln", "long", False), ("gn", "own", True), ("gn", "long", True),
+    ("gn", "long", False), ("gn", "short", True), ("gn", "short", False)])
+def test_large_mean_backward(op, kernels, trained, monkeypatch):
     """The backward on a large mean over a small spread (fp32, 1000 against
     1), dy = y + noise so that c1 counts. LayerNorm's and GroupNorm's kernels
     take the row's mean out of their per-element arithmetic (xhat = x * rstd
     - mean * rstd, `_xhat`; sums of x * g less mean * sum(g),
     `_long_row_norm_bwd_kernel`), so products are rounded at the size of x;
     dx, dw and db must stay within a few times the mean's own rounding,
-    about 6e-8 * 1000, of float64: in a tile and on the long-row kernels.
+    about 6e-8 * 1000, of float64: in a tile and on the long-row kernels
+    (GroupNorm: its own, the long-row and the short-row kernels).
     GroupNorm's dw has 4 entries, the smallest a twentieth of the largest,
     each summed over 1500 such products: 2.0e-4 measured on a GPU (three
     seeds, Triton 3.6 and 3.8), hence 4e-4 (E[x^2] - E[x]^2 would lose the
     variance itself, 1000^2 * 6e-8 against 1)."""
     if op == "ln":
-        if long_rows:
+        if kernels == "long":
             _long_rows_from(512, monkeypatch)
         x = randn(16, 3000, shift=1000.0)
         w, b = randn(3000, shift=1.0), randn(3000)
         run = lambda x, w, b: fn.layer_norm(x, (3000,), w, b)   # noqa: E731
         ref = lambda x, w, b: fn.layer_norm_reference(x, (3000,), w, b)   # noqa: E731
     else:
-        _group_kernels(long_rows, monkeypatch)
-        assert _takes_long_rows((1, 4, 30, 50), 2) == long_rows
+        _group_kernels(kernels, monkeypatch)
+        assert _takes_long_rows((1, 4, 30, 50), 2) == (kernels == "long")
         x = randn(1, 4, 30, 50, shift=1000.0)
         w, b = randn(4, shift=1.0), randn(4)
         run = lambda x, w, b: fn.group_norm(x, 2, w, b)   # noqa: E731
@@ -2002,6 +2023,83 @@ def test_group_norm_long_rows_plan():
     assert plan(rows, hw + 4) is not None
 
 
+# GroupNorm's short rows: [ROWS, BLOCK_C, BLOCK_HW] tiles of whole rows. Cg
+# and HW powers of two or not (lanes masked past either), one position a
+# channel (HW = 1), odd HW, rows per tile not dividing B * G (a last tile
+# part empty), a tile of one row, and groups of one channel.
+GROUP_SHORT_SHAPES = [((3, 6, 5, 7), 3), ((5, 24), 3), ((4, 8, 4, 4), 2), ((7, 12, 1, 1), 3), ((3, 10, 9), 5),
+                      ((2, 4, 31, 33), 1), ((6, 6, 16), 6)]
+
+
+def _group_short_cases():
+    for (shape, groups), dtype in itertools.product(GROUP_SHORT_SHAPES, DTYPES):
+        patterns = list(freeze_patterns(OPS["gn"]))
+        if (shape, groups) != GROUP_SHORT_SHAPES[0] or dtype != torch.float32:   # the others: all frozen, all trained
+            patterns = [(ALL_FROZEN["gn"], {"x": True}), (ALL_TRAIN["gn"], {"x": True})]
+        for params, inputs in patterns:
+            yield pytest.param(shape, groups, dtype, params, inputs,
+                               id=f"{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{pattern_id(params, inputs)}")
+
+
+@pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_short_cases()))
+def test_group_norm_short_rows(shape, groups, dtype, params, inputs, monkeypatch):
+    """GroupNorm's forward and backward through the short-row kernels (w and b
+    per channel of each row in the tile; with w or b trained, the sums per
+    (sample, channel)), under every freeze pattern for one shape. GroupNorm's
+    own and the long-row kernels are stubbed out, so the test fails if
+    either runs."""
+    _group_short_rows_all(monkeypatch)
+    assert _takes_short_rows(shape, groups)
+    for name in ("_group_norm_fwd_kernel", "_group_norm_bwd_kernel", "_long_row_norm_fwd_kernel",
+                 "_long_row_norm_bwd_kernel"):
+        monkeypatch.setattr(fn, name, None)
+    check_op(OPS["gn"], shape, dtype, params, inputs, groups)
+
+
+@pytest.mark.parametrize("params", [ALL_FROZEN["gn"], ALL_TRAIN["gn"]], ids=["frozen", "train"])
+def test_group_norm_short_rows_mixed_dtypes(params):
+    """bf16 x with fp32 w and b through the short-row kernels (their own plan)."""
+    shape, groups = GROUP_SHORT_SHAPES[0]
+    assert _takes_short_rows(shape, groups)
+    check_op(OPS["gn"], shape, torch.bfloat16, params, {"x": True}, groups, param_dtype=torch.float32)
+
+
+def test_group_norm_short_rows_plan():
+    """Which GroupNorm rows take the short-row kernels, however few: those
+    whose [pow2(Cg), pow2(HW)] block holds at most GROUP_SHORT_ROW_MAX
+    elements, unless the row fills it poorly (PADDED_ROW_FILL) and the
+    long-row kernels take it. Then what they launch at H200 sizes (meta
+    tensors): one tile of rows a program, forward and backward, and with w
+    and b frozen nothing but dx allocated."""
+    from bench_frozen_norm import recording
+    device = torch.device(DEVICE)
+    many = math.ceil(fn.GROUP_LONG_ROWS_PER_SM * fn._num_sms(device))
+    plan = lambda B, C, HW: fn._group_short_rows(B, C, HW, C, device)   # noqa: E731  (groups of one channel)
+    block = fn.GROUP_SHORT_ROW_MAX
+    assert plan(4096, 1, block).rows * block == fn.TILE_ELEMENTS      # the forward's tiles of whole rows
+    assert plan(1, 1, block) is not None                              # however few rows
+    assert plan(many, 1, block + 1) is None                           # a block of 2 * GROUP_SHORT_ROW_MAX
+    assert fn._group_short_rows(1, 6, block // 2, 2, device) is None  # 3 channels of block / 2: [4, block / 2]
+    poor = block // 2 + 4                                             # fills 0.5 of its block: the long rows'
+    assert plan(many, 1, poor) is None and plan(1, 1, poor) is not None   # but with too few rows for them, short
+    assert plan(many, 1, block // 2 + 1) is not None                  # an odd HW: the long rows would not take it
+    assert fn._group_short_rows(4096, 1, block, 1, device, backward=True).rows * block == fn.LOOP_TILE_ELEMENTS
+
+    B, C, H, W, G = 1024, 64, 8, 8, 32   # 32K rows of 2 channels of 64: 32 rows a forward tile
+    x = torch.empty(B, C, H, W, device="meta", dtype=torch.bfloat16)
+    w = torch.empty(C, device="meta", dtype=torch.bfloat16)
+    with recording() as rec:
+        _, stats = fn.group_norm_forward(x, G, w, w)
+    assert [(lc.name, lc.grid[0]) for lc in rec.launches] == [("_group_rows_fwd_kernel", B * G // 32)]
+    for trained in (False, True):
+        with recording() as rec:
+            fn.group_norm_backward(x, x, G, w, w, stats, compute_dw=trained, compute_db=trained)
+        names = [lc.name for lc in rec.launches]
+        assert names == ["_group_rows_bwd_kernel"] + ["_sum_partials_kernel"] * trained, names
+        scratch = [a for a in rec.allocations if a[1] == torch.float32]
+        assert scratch == ([((B, C), torch.float32, B * C * 4)] * 2 if trained else []), rec.allocations
+
+
 def test_group_norm_backward_low_level():
     """The low-level backward, as the row norms': db takes bias's shape and
     dtype (here fp32 beside bf16 x and w), and a gradient not asked for, or
@@ -2053,6 +2151,7 @@ def test_group_norm_split_statistics(shape, shift, dtype, monkeypatch):
     for the wrong row show."""
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 10)
+    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)
     assert not _takes_long_rows(shape, 1)
     t = fn._group_tiling(shape[0], shape[1], shape[2] * shape[3], 1, 4, torch.device(DEVICE))
     assert t.splits > 1 and t.channels_per_split * shape[2] * shape[3] > 64
@@ -2170,8 +2269,9 @@ def test_group_norm_split_pieces(shape, plan, dtype, shift, monkeypatch):
     monkeypatch.setattr(fn, "_num_sms", lambda device: 3)
     monkeypatch.setattr(fn, "ROW_BLOCK_MAX", 64)
     monkeypatch.setattr(fn, "GROUP_LONG_ROWS_PER_SM", 10)
+    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)
     monkeypatch.setattr(fn, "GROUP_TILE_ELEMENTS", 256)
-    assert not _takes_long_rows(shape, 1)
+    assert not _takes_long_rows(shape, 1) and not _takes_short_rows(shape, 1)
 
     def plan_of(t, runs):
         assert (t.splits, t.pieces, runs) == plan
@@ -2187,6 +2287,7 @@ def test_group_norm_backward_checks_stats(monkeypatch):
     another SM count (other splits), is refused before any launch."""
     from bench_frozen_norm import recording
     x = randn(1, 4, 9, 9)
+    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)        # GroupNorm's own kernels
     monkeypatch.setattr(fn, "_num_sms", lambda device: 3)   # 2 rows, 3 SMs: 2 splits of 2 channels
     _, split_stats = fn.group_norm_forward(x, 2)
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1)   # 2 rows, 1 SM: whole rows
@@ -2218,18 +2319,22 @@ def test_group_norm_long_rows_allocations(monkeypatch):
 # (37 rows of 100 in tiles of 128 columns), the long rows (203: chunks of 32,
 # the last with 11 columns, PolyNorm's in a tail chunk of 16; with pre-sums
 # where a forward takes them, 200), GroupNorm's own kernels, its split
-# statistics and its long rows (3 channels a group: blocks of 4).
+# statistics, its long rows (3 channels a group: blocks of 4) and its short
+# rows (2 channels of 35 positions: [2, 64] blocks, 4 rows a tile of 8).
 # (op, path, shape, groups); `_take_path` sets the limits.
 KERNEL_PATHS = [(name, "tile", (37, 100), None) for name in OPS if name != "gn"]
 KERNEL_PATHS += [(name, "long", (13, 203), None) for name in OPS if name != "gn"]
 KERNEL_PATHS += [("ln", "presum", (13, 200), None), ("poly", "presum", (13, 200), None)]
-KERNEL_PATHS += [("gn", "tile", (2, 6, 5, 7), 2), ("gn", "split", (1, 6, 9), 2), ("gn", "long", (3, 6, 8, 8), 2)]
+KERNEL_PATHS += [("gn", "tile", (2, 6, 5, 7), 2), ("gn", "split", (1, 6, 9), 2), ("gn", "long", (3, 6, 8, 8), 2),
+                 ("gn", "short", (2, 6, 5, 7), 3)]
 
 
 def _take_path(name, path, monkeypatch):
     """The limits under which op `name` takes `path` of KERNEL_PATHS."""
     if path in ("long", "presum"):
         (_group_long_rows_from if name == "gn" else _long_rows_from)(64, monkeypatch)
+    if name == "gn" and path in ("tile", "split"):   # GroupNorm's own kernels: a tile, or split rows
+        monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)
     if path == "presum":
         monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", 64)
 
@@ -2469,13 +2574,19 @@ def _check_twice(name, shape, dtype, params, along_y=False):
     _assert_same_bits_twice(op, check_op(op, shape, dtype, params, _with_grads(name), along_y=along_y))
 
 
-@pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "poly-long-rows"])
+@pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "gn-own", "poly-long-rows"])
 def test_deterministic(name, monkeypatch):
     """The same inputs give bitwise-identical outputs and gradients, run after
-    run (GroupNorm also through the long-row kernels, per-channel sums and
-    all; PolyNorm also with rows past POLY_ROW_BLOCK_MAX, whose (37, 4)
-    scratch folds in bands of PARTIAL_FOLD_ROWS = 8)."""
-    shape, groups = ((2, 6, 5, 7), 3) if name == "gn" else ((300, 100), None)
+    run (GroupNorm on its short-row kernels, and also through the long-row
+    kernels, per-channel sums and all, and its own; PolyNorm also with rows
+    past POLY_ROW_BLOCK_MAX, whose (37, 4) scratch folds in bands of
+    PARTIAL_FOLD_ROWS = 8)."""
+    shape, groups = ((2, 6, 5, 7), 3) if name.startswith("gn") else ((300, 100), None)
+    if name == "gn":
+        assert _takes_short_rows(shape, groups)
+    if name == "gn-own":
+        name = "gn"
+        _group_own_kernels(monkeypatch)
     if name == "gn-long-rows":
         name, shape, groups = "gn", (3, 6, 8, 8), 3
         _group_long_rows_from(64, monkeypatch)
@@ -3052,11 +3163,11 @@ def test_torch_compile_reduce_overhead_long_rows(monkeypatch):
 # launch goes to: short rows (the tile kernels), long rows (the long-row
 # kernels, or the piped tiles, in 16- and 8-byte vectors, and RELOAD's; where
 # the dw/db kernel runs, as for LayerNorm's trained rows, a capture runs it
-# beside the dx kernel, in one row slice), GroupNorm with 256 rows and with 4
-# rows split over programs (the two-launch path).
+# beside the dx kernel, in one row slice), GroupNorm with 256 rows, with 4
+# rows split over programs (the two-launch path) and with 2048 short rows.
 GPU_PATH_SHAPES = {"row": [((300, 1000), None), ((700, 8200), None), ((300, 12288), None), ((200, 13312), None),
                            ((200, 14336), None), ((200, 16384), None)],
-                   "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4)]}
+                   "gn": [((8, 64, 32, 32), 32), ((1, 64, 64, 64), 4), ((64, 64, 8, 8), 32)]}
 
 
 @gpu
@@ -3155,12 +3266,14 @@ def test_huge_hidden_size(name):
 # ds; RMSNorm trained from Triton 3.8 on), RELOAD (RMSNorm trained at 13312
 # under Triton 3.6, PIPED_ALL_TRITON), the long rows and the dw/db kernel
 # (LayerNorm; FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768),
-# GroupNorm's long rows (32 groups) and split rows (2).
+# GroupNorm's long rows (32 groups), split rows (2) and short rows (2 channels
+# of 256 positions).
 HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 13312 + 1, 13312), None),
               ("fadd", (2**31 // 13312 + 1, 13312), None),
               ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
               ("poly", (2**31 // 32768 + 1, 32768), None),
-              ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2)]
+              ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2),
+              ("gn", (2**31 // 16384 + 1, 64, 16, 16), 32)]
 HUGE_SLICE_ELEMENTS = 2**25   # the float64 reference a slice of rows (samples) at a time
 # FusedAdd's case holds eight such tensors (x, r, y, s, their dys, dx, dr).
 HUGE_GPU_BYTES = 40 * 2**30
@@ -3205,7 +3318,7 @@ def _check_huge(op, shape, groups, params):
 
 
 def test_huge_cases_reach_every_kernel():
-    """HUGE_CASES launch all twelve kernels, trained and frozen (their plans
+    """HUGE_CASES launch all fourteen kernels, trained and frozen (their plans
     recorded for an H200 on meta tensors), so the test below covers each."""
     from bench_frozen_norm import KERNELS, record_backward, record_forward
     seen = set()
@@ -3426,7 +3539,7 @@ def test_every_code_path_compiles(planned_code_paths):
     those paths reach every kernel of the module: a kernel no wrapper launches
     there would go unchecked."""
     kernels = {name for name in dir(fn) if name.startswith("_") and name.endswith("_kernel")}
-    assert len(kernels) == 12, kernels
+    assert len(kernels) == 14, kernels
     assert set().union(*planned_code_paths.values()) == kernels
     for op in OPS:
         assert sum(planned_code_paths[op].values()) > 10, (op, planned_code_paths[op])
