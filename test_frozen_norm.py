@@ -1965,17 +1965,19 @@ GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2), ((2
                      ((4, 6, 2, 2), 3), ((3, 4, 7, 4), 2)]
 
 
-def _group_long_cases():
-    for (shape, groups), dtype in itertools.product(GROUP_LONG_SHAPES, DTYPES):
+def _group_cases(shapes):
+    """GroupNorm's cases at `shapes`, each dtype: every freeze pattern for the
+    first shape in fp32, all frozen and all trained for the others."""
+    for (shape, groups), dtype in itertools.product(shapes, DTYPES):
         patterns = list(freeze_patterns(OPS["gn"]))
-        if (shape, groups) != GROUP_LONG_SHAPES[0] or dtype != torch.float32:   # the others: all frozen, all trained
+        if (shape, groups) != shapes[0] or dtype != torch.float32:
             patterns = [(ALL_FROZEN["gn"], {"x": True}), (ALL_TRAIN["gn"], {"x": True})]
         for params, inputs in patterns:
             yield pytest.param(shape, groups, dtype, params, inputs,
                                id=f"{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{pattern_id(params, inputs)}")
 
 
-@pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_long_cases()))
+@pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_cases(GROUP_LONG_SHAPES)))
 def test_group_norm_long_rows(shape, groups, dtype, params, inputs, monkeypatch):
     """GroupNorm's forward and backward through the long-row kernels
     (per-channel w and b; with w or b trained, per-channel sums). Where dx is
@@ -2031,17 +2033,8 @@ GROUP_SHORT_SHAPES = [((3, 6, 5, 7), 3), ((5, 24), 3), ((4, 8, 4, 4), 2), ((7, 1
                       ((2, 4, 31, 33), 1), ((6, 6, 16), 6)]
 
 
-def _group_short_cases():
-    for (shape, groups), dtype in itertools.product(GROUP_SHORT_SHAPES, DTYPES):
-        patterns = list(freeze_patterns(OPS["gn"]))
-        if (shape, groups) != GROUP_SHORT_SHAPES[0] or dtype != torch.float32:   # the others: all frozen, all trained
-            patterns = [(ALL_FROZEN["gn"], {"x": True}), (ALL_TRAIN["gn"], {"x": True})]
-        for params, inputs in patterns:
-            yield pytest.param(shape, groups, dtype, params, inputs,
-                               id=f"{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{pattern_id(params, inputs)}")
 
-
-@pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_short_cases()))
+@pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_cases(GROUP_SHORT_SHAPES)))
 def test_group_norm_short_rows(shape, groups, dtype, params, inputs, monkeypatch):
     """GroupNorm's forward and backward through the short-row kernels (w and b
     per channel of each row in the tile; with w or b trained, the sums per
