@@ -3114,8 +3114,8 @@ def _group_norm_bwd_kernel(
 def _group_rows_tile(rows, M, Cg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """Offsets and mask of a [ROWS, BLOCK_C, BLOCK_HW] tile of whole rows
     (`rows` of M, each Cg * HW contiguous elements): [r, c, h] is position h
-    of channel c of row rows[r]. Also the tile's channels, [ROWS, BLOCK_C,
-    1]: their index in w and b, (row % G) * Cg + c, with G = M's groups."""
+    of channel c of row rows[r]. Also c, the channels 0 .. BLOCK_C - 1 of a
+    row: channel c of row r is w's and b's (r % G) * Cg + c (G groups)."""
     c = tl.arange(0, BLOCK_C)
     h = tl.arange(0, BLOCK_HW)
     offs = (rows.to(tl.int64) * (Cg * HW))[:, None, None] + (c * HW)[None, :, None] + h[None, None, :]

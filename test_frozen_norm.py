@@ -2033,7 +2033,6 @@ GROUP_SHORT_SHAPES = [((3, 6, 5, 7), 3), ((5, 24), 3), ((4, 8, 4, 4), 2), ((7, 1
                       ((2, 4, 31, 33), 1), ((6, 6, 16), 6)]
 
 
-
 @pytest.mark.parametrize("shape, groups, dtype, params, inputs", list(_group_cases(GROUP_SHORT_SHAPES)))
 def test_group_norm_short_rows(shape, groups, dtype, params, inputs, monkeypatch):
     """GroupNorm's forward and backward through the short-row kernels (w and b
@@ -2313,7 +2312,7 @@ def test_group_norm_long_rows_allocations(monkeypatch):
 # the last with 11 columns, PolyNorm's in a tail chunk of 16; with pre-sums
 # where a forward takes them, 200), GroupNorm's own kernels, its split
 # statistics, its long rows (3 channels a group: blocks of 4) and its short
-# rows (2 channels of 35 positions: [2, 64] blocks, 4 rows a tile of 8).
+# rows (2 channels of 35 positions: [2, 64] blocks, 6 rows in a tile of 8).
 # (op, path, shape, groups); `_take_path` sets the limits.
 KERNEL_PATHS = [(name, "tile", (37, 100), None) for name in OPS if name != "gn"]
 KERNEL_PATHS += [(name, "long", (13, 203), None) for name in OPS if name != "gn"]
