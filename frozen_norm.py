@@ -561,22 +561,28 @@ GROUP_PROGRAMS_PER_SM = 2
 # of one channel of 4096 (without dw/db, one channel a tile measured best).
 GROUP_SUM_CHANNELS = 16
 # GroupNorm's rows take the long-row kernels (forward, and backward with dx)
-# when there are at least GROUP_LONG_ROWS_PER_SM rows per SM and a channel's
-# HW positions are a multiple of GROUP_LONG_MIN_RUN (w and b loaded once per
-# run of positions), long rows and short ones that GROUP_SHORT_ROW_MAX leaves
-# them; fewer rows are split over programs by GroupNorm's own kernels. Rows
-# that fit a tile go there too: the own kernels' [BLOCK_C, BLOCK_HW] tiles
-# mask the lanes past HW in every channel (BLOCK_HW is a power of two), the
-# flat row masks only its end.
+# when there are at least GROUP_LONG_ROWS_PER_SM rows per SM and a row's Cg *
+# HW elements are a multiple of GROUP_LONG_MIN_RUN (the flat row loads in
+# vectors of that many or more, `_align`), long rows and short ones that the
+# short-row kernels leave them; fewer rows are split over programs by
+# GroupNorm's own kernels. Rows that fit a tile go there too: the own
+# kernels' [BLOCK_C, BLOCK_HW] tiles mask the lanes past HW in every channel
+# (BLOCK_HW is a power of two), the flat row masks only its end.
 GROUP_LONG_ROWS_PER_SM = 0.5
-GROUP_LONG_MIN_RUN = 4
+GROUP_LONG_MIN_RUN = 2
 # Rows whose [pow2(Cg), pow2(HW)] block holds at most GROUP_SHORT_ROW_MAX
-# elements take the short-row kernels, however many or few: whole rows,
-# several a program, in [ROWS, BLOCK_C, BLOCK_HW] tiles. A program per row of
-# a few hundred elements is mostly overhead; from blocks of 2048 on, the
-# long-row kernels measured as fast or faster. Where the row fills its
-# block poorly (PADDED_ROW_FILL), the long-row kernels keep it if they take it.
+# elements take the short-row kernels: whole rows, several a program, in
+# [ROWS, BLOCK_C, BLOCK_HW] tiles. A program per row of a few hundred
+# elements is mostly overhead; from blocks of 2048 on, the long-row kernels
+# measured as fast or faster. But the long-row kernels keep the rows they
+# take of at least GROUP_LONG_ROW_MIN elements whose block is poorly filled
+# (PADDED_ROW_FILL) or whose HW is no multiple of GROUP_SHORT_MIN_RUN: the
+# tile masks most lanes, or loads a channel's positions in vectors of fewer
+# than 4 elements, where the flat row masks only its end and loads in vectors
+# of its row length's `_align`. Shorter rows are mostly overhead there.
 GROUP_SHORT_ROW_MAX = 1024
+GROUP_LONG_ROW_MIN = 256
+GROUP_SHORT_MIN_RUN = 4
 # With w or b trained, that long-row backward's pass 1 forms the per-channel
 # sums (`_group_channel_sums`) over tiles of a block of channels and
 # 1 / GROUP_SUM_TILES of their positions, reduced once per block.
@@ -2856,8 +2862,8 @@ class LayerNorm(torch.nn.LayerNorm):
 # trained the backward's pass 1 forms A and D instead, by blocks of channels
 # (`_group_channel_sums`, shared with GroupNorm's own backward).
 #
-# Few rows, HW no multiple of GROUP_LONG_MIN_RUN, and a backward without dx
-# (the long-row kernel's pass 2 is dx), where the rows are not short.
+# Few rows, rows of Cg * HW no multiple of GROUP_LONG_MIN_RUN, and a backward
+# without dx (the long-row kernel's pass 2 is dx), where the rows are not short.
 # GroupNorm's own kernels loop over
 # [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the update,
 # backwards for L2 hits). When B * G is smaller than the SM count, each row is
@@ -3280,10 +3286,10 @@ def _group_runs(programs: int, per_split: int, HW: int, block_c: int, block_hw: 
 def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> Optional[_RowTiling]:
     """The long-row kernels' plan for GroupNorm's B * G rows of Cg * HW
     elements, whatever their length, or None where GroupNorm's own kernels
-    take them: fewer than GROUP_LONG_ROWS_PER_SM rows per SM, or HW no
+    take them: fewer than GROUP_LONG_ROWS_PER_SM rows per SM, or Cg * HW no
     multiple of GROUP_LONG_MIN_RUN. The launchers ask `_group_short_rows`
     first: rows that it plans take the short-row kernels."""
-    if B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device) or math.gcd(HW, LONG_PRESUM) < GROUP_LONG_MIN_RUN:
+    if B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device) or (C // G * HW) % GROUP_LONG_MIN_RUN:
         return None
     return _row_tiling(B * G, C // G * HW)
 
@@ -3294,13 +3300,16 @@ def _group_short_rows(B: int, C: int, HW: int, G: int, device: torch.device,
     the row kernels' tiles of B * G rows of a row's [pow2(Cg), pow2(HW)]
     block (`_row_tiling`, the forward's or the backward's), [ROWS, BLOCK_C,
     BLOCK_HW] here. None where that block exceeds GROUP_SHORT_ROW_MAX, or
-    where the row fills it poorly (PADDED_ROW_FILL) and the long-row kernels
-    take the rows: their flat row is masked only at its end."""
+    where the long-row kernels take rows of at least GROUP_LONG_ROW_MIN
+    elements that fill the block poorly (PADDED_ROW_FILL) or whose HW is no
+    multiple of GROUP_SHORT_MIN_RUN: their flat row is masked only at its
+    end and loads in vectors."""
     Cg = C // G
     block = _pow2(Cg) * _pow2(HW)
     if block > GROUP_SHORT_ROW_MAX:
         return None
-    if _fills_poorly(Cg * HW, block, PADDED_ROW_FILL) and _group_long_rows(B, C, HW, G, device) is not None:
+    tile_loads_poorly = _fills_poorly(Cg * HW, block, PADDED_ROW_FILL) or HW % GROUP_SHORT_MIN_RUN
+    if tile_loads_poorly and Cg * HW >= GROUP_LONG_ROW_MIN and _group_long_rows(B, C, HW, G, device) is not None:
         return None
     return _row_tiling(B * G, block, backward=backward)
 

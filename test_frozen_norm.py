@@ -1368,12 +1368,12 @@ def test_aligned_rows(name, N, extra, align):
 
 @pytest.mark.parametrize("shape, groups, align, long_align", [
     ((2, 4, 10, 10), 2, 4, 8), ((2, 4, 5, 40), 2, 8, 1), ((2, 8, 14, 14), 4, 4, 8),   # HW 100, 200, 196
-    ((3, 6, 7, 7), 3, 1, None), ((2, 4, 8, 8), 2, 1, 1)])                         # HW 49 (odd), 64
+    ((3, 6, 7, 7), 3, 1, 2), ((2, 4, 8, 8), 2, 1, 1), ((3, 3, 7, 7), 3, 1, None)])  # HW 49 (odd), 64; rows of 49
 @pytest.mark.parametrize("kernels", ["own", "long", "short"])
 def test_group_norm_aligned(shape, groups, align, long_align, kernels, monkeypatch):
     """GroupNorm's own and short-row kernels take ALIGN from HW (`_align`; x
     is indexed as a contiguous (B, C, HW)), the long-row kernels from a
-    row's Cg * HW elements (an odd HW stays with the own kernels): every
+    row's Cg * HW elements (rows of an odd length stay with the own kernels): every
     launch of the forward and of the backward, trained and dx alone
     (recorded on meta tensors); against float64, trained and frozen (a
     wrong ALIGN would misplace channels)."""
@@ -1961,8 +1961,10 @@ def test_large_mean_backward(op, kernels, trained, monkeypatch):
 # (100 positions in 7 tiles) and 8 x 2 (9 channels: the second block 1 of 8).
 # Then rows that fit one chunk, as GroupNorm's many short rows do since
 # `b54bcff`: 2 channels of 4 positions (a chunk of 8, PRESUM 4) and of 28 (56).
+# Then odd HW, w per element (PRESUM 1): 2 channels of 49 (two chunks) and of
+# 15 (rows of 30).
 GROUP_LONG_SHAPES = [((3, 6, 8, 8), 3), ((3, 4, 6, 6), 2), ((2, 2, 100), 2), ((2, 18, 2, 4), 2),
-                     ((4, 6, 2, 2), 3), ((3, 4, 7, 4), 2)]
+                     ((4, 6, 2, 2), 3), ((3, 4, 7, 4), 2), ((2, 4, 7, 7), 2), ((3, 6, 3, 5), 3)]
 
 
 def _group_cases(shapes):
@@ -2011,7 +2013,7 @@ def test_group_norm_long_rows_mixed_dtypes(params, monkeypatch):
 def test_group_norm_long_rows_plan():
     """Which GroupNorm rows take the long-row kernels: at least
     GROUP_LONG_ROWS_PER_SM per SM, of a multiple of GROUP_LONG_MIN_RUN
-    positions per channel, long or short."""
+    elements, long or short (whatever HW)."""
     device = torch.device(DEVICE)
     rows = math.ceil(fn.GROUP_LONG_ROWS_PER_SM * fn._num_sms(device))
     hw = fn.ROW_BLOCK_MAX   # two channels per group: rows of 2 * ROW_BLOCK_MAX elements
@@ -2020,9 +2022,11 @@ def test_group_norm_long_rows_plan():
     assert plan(rows, 4) is not None         # rows of 8 elements too
     assert plan(rows, 196).block_n >= 392    # a row that fits a tile: one chunk
     assert plan(rows - 1, hw) is None        # too few rows (rows > 1 on any GPU and in the interpreter)
-    assert plan(rows, hw + 2) is None        # HW % 4 = 2
-    assert plan(rows, 50) is None            # HW % 4 = 2
-    assert plan(rows, hw + 4) is not None
+    assert plan(rows, hw + 1) is not None    # odd HW, rows of an even length
+    assert plan(rows, 49) is not None
+    run = fn.GROUP_LONG_MIN_RUN
+    assert fn._group_long_rows(rows, 1, 2 * run + 1, 1, device) is None        # one channel: rows no multiple
+    assert fn._group_long_rows(rows, 1, 2 * run, 1, device) is not None
 
 
 # GroupNorm's short rows: [ROWS, BLOCK_C, BLOCK_HW] tiles of whole rows. Cg
@@ -2059,8 +2063,9 @@ def test_group_norm_short_rows_mixed_dtypes(params):
 def test_group_norm_short_rows_plan():
     """Which GroupNorm rows take the short-row kernels, however few: those
     whose [pow2(Cg), pow2(HW)] block holds at most GROUP_SHORT_ROW_MAX
-    elements, unless the row fills it poorly (PADDED_ROW_FILL) and the
-    long-row kernels take it. Then what they launch at H200 sizes (meta
+    elements, unless the long-row kernels take rows of GROUP_LONG_ROW_MIN
+    or more that fill it poorly (PADDED_ROW_FILL) or whose HW is no
+    multiple of GROUP_SHORT_MIN_RUN. Then what they launch at H200 sizes (meta
     tensors): one tile of rows a program, forward and backward, and with w
     and b frozen nothing but dx allocated."""
     from bench_frozen_norm import recording
@@ -2074,7 +2079,13 @@ def test_group_norm_short_rows_plan():
     assert fn._group_short_rows(1, 6, block // 2, 2, device) is None  # 3 channels of block / 2: [4, block / 2]
     poor = block // 2 + 4                                             # fills 0.5 of its block: the long rows'
     assert plan(many, 1, poor) is None and plan(1, 1, poor) is not None   # but with too few rows for them, short
-    assert plan(many, 1, block // 2 + 1) is not None                  # an odd HW: the long rows would not take it
+    assert plan(many, 1, block // 2 + 1) is not None                  # an odd row: the long rows would not take it
+    short = lambda Cg, HW: fn._group_short_rows(many, Cg, HW, 1, device)   # noqa: E731  (one group)
+    assert short(16, 50) is None and short(16, 49) is None            # filled, but HW no multiple of 4: long rows
+    assert short(16, 64) is not None
+    min_row = fn.GROUP_LONG_ROW_MIN
+    assert short(2, min_row // 2 - 2) is not None                     # rows under GROUP_LONG_ROW_MIN stay short
+    assert short(2, min_row // 2 + 2) is None
     assert fn._group_short_rows(4096, 1, block, 1, device, backward=True).rows * block == fn.LOOP_TILE_ELEMENTS
 
     B, C, H, W, G = 1024, 64, 8, 8, 32   # 32K rows of 2 channels of 64: 32 rows a forward tile
@@ -2279,7 +2290,7 @@ def test_group_norm_backward_checks_stats(monkeypatch):
     another SM count (other splits), is refused before any launch."""
     from bench_frozen_norm import recording
     x = randn(1, 4, 9, 9)
-    monkeypatch.setattr(fn, "GROUP_SHORT_ROW_MAX", 0)        # GroupNorm's own kernels
+    _group_own_kernels(monkeypatch)
     monkeypatch.setattr(fn, "_num_sms", lambda device: 3)   # 2 rows, 3 SMs: 2 splits of 2 channels
     _, split_stats = fn.group_norm_forward(x, 2)
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1)   # 2 rows, 1 SM: whole rows
