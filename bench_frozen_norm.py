@@ -474,6 +474,10 @@ VARIANTS = {
 VARIANTS["gn"] = VARIANTS["poly"] = VARIANTS["ln"]
 DCE_SIZES = {"rms": (8192, 4096), "fadd": (8192, 4096), "ln": (8192, 4096), "poly": (8192, 4096),
              "gn": (16, 512, 64, 64, 32)}
+# The report's entries: each op at its DCE_SIZES, and GroupNorm's short-row
+# kernels too (rows of 2 channels of 8 x 8), under their own name.
+DCE_CASES = {op: (op, size) for op, size in DCE_SIZES.items()}
+DCE_CASES["gn-short"] = ("gn", (1024, 64, 8, 8, 32))
 # The flag that each backward kernel takes for each gradient.
 FLAGS = {"dx": "COMPUTE_DX", "dw": "COMPUTE_DW", "db": "COMPUTE_DB"}
 
@@ -597,8 +601,9 @@ def main_backward_launch(rec):
 def dce_report(ops, arch=90, with_ptxas=True):
     """Per op and backward variant: what the compiled kernel contains, and the flag tests' data."""
     report = {"triton": __import__("triton").__version__, "arch": arch, "ops": {}}
-    for op in ops:
-        size = DCE_SIZES[op]
+    for name, (op, size) in DCE_CASES.items():
+        if op not in ops:
+            continue
         entry = {"size": size_label(op, size), "variants": {}, "flips": {}}
         for variant, want in VARIANTS[op].items():
             rec = record_backward(op, size, want)
@@ -623,7 +628,7 @@ def dce_report(ops, arch=90, with_ptxas=True):
             entry["flips"][FLAGS[grad]] = {"pointer": scratch_pointer(op, FLAGS[grad]),
                                            "stores_by_arg": stores_by_argument(ck.asm["ttir"], names),
                                            **ptx_stats(ck.asm["ptx"])}
-        report["ops"][op] = entry
+        report["ops"][name] = entry
     return report
 
 
@@ -787,7 +792,7 @@ REMOVED = {
 def print_dce(report, short=False):
     print(f"\nWhat the compiler removes (Triton {report['triton']}, sm_{report['arch']}, bf16; scratch and launches "
           f"at the stated size with {H200_SMS} SMs)")
-    head = f"{'op':5} {'size':16} {'variant':11} {'ld.glb':>6} {'st.glb':>6} {'atom':>4} {'instr':>6} " \
+    head = f"{'op':8} {'size':16} {'variant':11} {'ld.glb':>6} {'st.glb':>6} {'atom':>4} {'instr':>6} " \
            f"{'regs':>4} {'spill':>5} {'launch':>6} {'scratch MiB':>11}"
     print(head)
     print("-" * len(head))
@@ -795,9 +800,9 @@ def print_dce(report, short=False):
         for variant, s in entry["variants"].items():
             if short and variant not in ("trainable", "all frozen", "frozen w"):
                 continue
-            if short and op in ("ln", "gn", "poly") and variant == "frozen w":
+            if short and op in ("ln", "gn", "gn-short", "poly") and variant == "frozen w":
                 continue
-            print(f"{op:5} {entry['size']:16} {variant:11} {s['ld_global']:>6} {s['st_global']:>6} "
+            print(f"{op:8} {entry['size']:16} {variant:11} {s['ld_global']:>6} {s['st_global']:>6} "
                   f"{s['any_atomics']:>4} {s['instructions']:>6} {str(s.get('registers', '-')):>4} "
                   f"{str(s.get('spill_bytes', '-')):>5} {s['launches']:>6} {s['scratch_bytes'] / 2**20:>11.2f}")
     print("Each flag alone, trainable -> flag off with its scratch pointer still passed (TTIR stores through it):")
@@ -805,7 +810,7 @@ def print_dce(report, short=False):
         base = entry["variants"]["trainable"]
         for flag, s in entry["flips"].items():
             pointer = s["pointer"]
-            print(f"  {op:5} {flag}=False: {base['st_global']} -> {s['st_global']} PTX global stores, "
+            print(f"  {op:8} {flag}=False: {base['st_global']} -> {s['st_global']} PTX global stores, "
                   f"{base['instructions']} -> {s['instructions']} instructions, stores into {pointer} "
                   f"{base['stores_by_arg'].get(pointer, 0)} -> {s['stores_by_arg'].get(pointer, 0)}")
     for flag, what in REMOVED.items():

@@ -3559,7 +3559,7 @@ def test_every_launch_asks_for_fp_fusion(name):
     assert [lc.name for lc in launches if lc.enable_fp_fusion is not True] == []
 
 
-@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("name", list(OPS) + ["gn-short"])
 def test_dce_flag_removes_scratch_stores(dce_report, name):
     """Compiled for sm_90 with one flag off and its scratch pointer still passed: that
     pointer gets no store (PolyNorm's dw and db share one buffer: fewer stores)."""
@@ -3576,7 +3576,7 @@ def test_dce_flag_removes_scratch_stores(dce_report, name):
         assert flipped["st_global"] < trainable["st_global"], flag
 
 
-@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("name", list(OPS) + ["gn-short"])
 def test_dce_frozen_variant(dce_report, name):
     """The launched frozen variant: fewer global stores and launches, no scratch, no atomics
     anywhere; every variant's registers and spills reported by ptxas."""
