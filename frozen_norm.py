@@ -2851,8 +2851,9 @@ class LayerNorm(torch.nn.LayerNorm):
 # over the positions, and A and D are sums over the last axis, stored to the
 # (B, C) scratch straight from the tile. x is read once; each row's
 # statistics, c1 and c2 are reduced inside the tile. The lanes past Cg or HW
-# are masked; where they are most of the block, the long-row kernels keep
-# the rows if they take them (GROUP_SHORT_ROW_MAX).
+# are masked; where they are most of the block, or where HW loads a
+# channel's positions in narrow vectors, the long-row kernels keep the rows
+# they take of GROUP_LONG_ROW_MIN elements or more (the constants above).
 #
 # Many rows. A row is contiguous, so with enough rows (the constants above),
 # longer or short, the forward and the backward are LayerNorm's long-row kernels
@@ -2863,25 +2864,25 @@ class LayerNorm(torch.nn.LayerNorm):
 # (`_group_channel_sums`, shared with GroupNorm's own backward).
 #
 # Few rows, rows of Cg * HW no multiple of GROUP_LONG_MIN_RUN, and a backward
-# without dx (the long-row kernel's pass 2 is dx), where the rows are not short.
-# GroupNorm's own kernels loop over
-# [BLOCK_C, BLOCK_HW] tiles in two passes (statistics, then the update,
-# backwards for L2 hits). When B * G is smaller than the SM count, each row is
-# split over S programs by channels, and the two passes become two launches:
-# the first leaves per-split partial statistics in spare columns of the saved
-# statistics tensor, the second merges them. The second one's work (y, or dx)
-# is elementwise once the statistics are known, so where whole channels leave
-# too few splits it cuts each split into runs of tiles, one program per run
-# (`_group_runs`). In the forward, equal splits longer than ROW_BLOCK_MAX (each
-# a contiguous segment) take their statistics from the long-row forward's pass
-# 1 instead, one program per segment, or where the splits are too few (a group
-# of one channel is one split), one per piece: each split cut into `pieces`
-# equal contiguous pieces. The backward's first launch takes as many runs of
-# tiles per split where w and b are frozen (its sums are per lane) or a split
-# is one channel (A and D are per channel, and each run leaves its share in a
-# row of its own). The statistics tensor is (B * G, 2 + 2 S pieces) fp32: mean,
-# rstd, then two floats per piece. It is allocated by the forward, so the split
-# backward, too, allocates nothing but dx when w and b are frozen.
+# without dx (the long-row kernel's pass 2 is dx), where the rows are not
+# short. GroupNorm's own kernels loop over [BLOCK_C, BLOCK_HW] tiles in two
+# passes (statistics, then the update, backwards for L2 hits). When B * G is
+# smaller than the SM count, each row is split over S programs by channels, and
+# the two passes become two launches: the first leaves per-split partial
+# statistics in spare columns of the saved statistics tensor, the second merges
+# them. The second one's work (y, or dx) is elementwise once the statistics are
+# known, so where whole channels leave too few splits it cuts each split into
+# runs of tiles, one program per run (`_group_runs`). In the forward, equal
+# splits longer than ROW_BLOCK_MAX (each a contiguous segment) take their
+# statistics from the long-row forward's pass 1 instead, one program per
+# segment, or where the splits are too few (a group of one channel is one
+# split), one per piece: each split cut into `pieces` equal contiguous pieces.
+# The backward's first launch takes as many runs of tiles per split where w and
+# b are frozen (its sums are per lane) or a split is one channel (A and D are
+# per channel, and each run leaves its share in a row of its own). The
+# statistics tensor is (B * G, 2 + 2 S pieces) fp32: mean, rstd, then two
+# floats per piece. It is allocated by the forward, so the split backward, too,
+# allocates nothing but dx when w and b are frozen.
 
 
 def group_norm_reference(x, num_groups, weight=None, bias=None, eps=1e-5):
@@ -3443,7 +3444,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     if x3.numel() == 0 or not (compute_dx or trains):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     short_rows = _group_short_rows(B, C, HW, num_groups, x.device, backward=True)
-    long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
+    long_rows = None if short_rows is not None else _group_long_rows(B, C, HW, num_groups, x.device)
     if short_rows is not None:
         dw_partial, db_partial = _sum_targets(B, dw, db)
         _group_rows_bwd_kernel[(short_rows.num_tiles,)](
