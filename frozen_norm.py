@@ -341,8 +341,9 @@ CUDA13_MAX_REGISTERS = 80
 # thread instead of 8: fewer registers under a cap. The backwards with several
 # sums always do, RMSNorm's past LONG_BWD_PRESUM_AFTER; the forwards with
 # several sums past LONG_FWD_PRESUM_AFTER (at 65536, two 32-warp programs per
-# SM instead of one). GroupNorm's rows there pre-sum by gcd(HW, LONG_PRESUM)
-# elements, forward and backward, so that a group shares one channel's w, b.
+# SM instead of one). GroupNorm's rows there pre-sum in groups of one channel
+# or two, forward and backward, each group loading its channels' w and b once
+# (`_group_long_presum`, GROUP_ONE_CHANNEL_PRESUM_MIN).
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
@@ -587,6 +588,19 @@ GROUP_SHORT_MIN_RUN = 4
 # sums (`_group_channel_sums`) over tiles of a block of channels and
 # 1 / GROUP_SUM_TILES of their positions, reduced once per block.
 GROUP_SUM_TILES = 4
+# Those tiles hold at most GROUP_SUM_ELEMENTS_PER_THREAD elements a thread,
+# and at most half of a row of one chunk: A and D are two fp32 accumulators
+# of the tile's size, and at a chunk's 32 a thread (HW odd: x and dy loaded
+# an element at a time) ptxas spilled hundreds of bytes under the long-row
+# backward's register cap; rows of one chunk of 8 a thread measured faster
+# with two steps of half of it (NOTES.md, section 6).
+GROUP_SUM_ELEMENTS_PER_THREAD = 8
+# The long-row kernels' groups of LONG_PRESUM elements (`_group_long_presum`)
+# may span two channels where HW is no multiple of LONG_PRESUM: w and b are
+# then loaded per group, not per element (HW odd). Where groups of
+# GROUP_ONE_CHANNEL_PRESUM_MIN or more stay in one channel (HW a multiple of
+# 4), they are kept: there spanning measured slower, by a few points.
+GROUP_ONE_CHANNEL_PRESUM_MIN = 4
 # With w or b trained, that backward also halves the chunks of 16-bit rows of
 # fewer than GROUP_TRAINED_MIN_CHUNKS chunks of LONG_CHUNK_MAX whose channels
 # have at least GROUP_TRAINED_MIN_HW positions: LONG_MIN_CHUNKS' rule carried
@@ -1499,11 +1513,13 @@ def _row_affine(xhat, W, B, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, 
 @triton.jit
 def _affine_index(cols, N, HW: tl.constexpr):
     """Which element of w and b each element `cols` of a long row uses, and
-    how many there are: its column, of N, for the row norms (HW = 0); its
-    channel, cols // HW of N // HW, for GroupNorm (section 7), whose chunks
-    are viewed as [BLOCK_N / PRESUM, PRESUM] with PRESUM dividing HW, so that
-    a group's elements share one channel, taken once per group (one load of w
-    per thread and chunk, not one per element)."""
+    how many there are: its column, of N, for the row norms (HW = 0); for
+    GroupNorm (section 7), whose chunks are viewed as [BLOCK_N / PRESUM,
+    PRESUM], the channel of each group's first element, min(cols) // HW of N
+    // HW, taken once per group (one load of w per thread and group, not one
+    per element). Where PRESUM divides HW a group's elements share that
+    channel; else HW >= PRESUM and a group may end in the next one
+    (`_spans_channels`)."""
     if HW > 0:
         index = (tl.min(cols, axis=1) // HW)[:, None]
         n: tl.constexpr = N // HW
@@ -1511,6 +1527,18 @@ def _affine_index(cols, N, HW: tl.constexpr):
         index = cols
         n: tl.constexpr = N
     return index, n
+
+
+@triton.constexpr_function
+def _spans_channels(HW, PRESUM):
+    """Whether GroupNorm's groups of PRESUM consecutive elements of a long row
+    (`_affine_index`) may reach into the channel after their first one's: HW
+    is no multiple of PRESUM (then HW >= PRESUM, `_group_long_presum`, so
+    two channels at most). Such a group loads w and b of both channels and
+    picks by a select per element, cols >= (index + 1) * HW, instead of
+    loading each per element (PRESUM 1, where HW is odd). False for the row
+    norms (HW = 0)."""
+    return HW > 0 and HW % PRESUM != 0
 
 
 @triton.jit
@@ -1632,13 +1660,14 @@ def _long_row_norm_fwd_kernel(
     / HAS_W / HAS_B as in `_row_norm_fwd_kernel`. With HAS_RESIDUAL pass 1
     writes s and pass 2 reads it back (x and r are read once, evict_first).
     PRESUM: a group's size, LONG_PRESUM or 1 (a group is a lane: per-lane
-    sums); see the constant. At most the elements a thread holds of a chunk
-    (LONG_ELEMENTS_PER_THREAD, or more: LONG_WIDE_CHUNK_MAX), so that a group
-    adds up in registers.
+    sums; GroupNorm's: `_group_long_presum`); see the constant. At most the
+    elements a thread holds of a chunk (LONG_ELEMENTS_PER_THREAD, or more:
+    LONG_WIDE_CHUNK_MAX), so that a group adds up in registers.
     HW: 0 for the row norms. GroupNorm's rows (section 7) set it to the
     positions per channel: a row is one (sample, group), N = Cg * HW, and w
     and b are per channel (`_affine_index`), from the group's first channel,
-    (row % G) * Cg; PRESUM divides HW. Mean and Rstd are then columns of the
+    (row % G) * Cg; a group spans one channel, or where PRESUM does not divide
+    HW two (`_spans_channels`). Mean and Rstd are then columns of the
     (B * G, 2 + 2S pieces) statistics, of row stride stride_stats (else 1).
     APPLY False removes pass 2: GroupNorm's split statistics (section 7),
     where a "row" is one of the SPLITS equal segments (channel ranges, or
@@ -1731,8 +1760,11 @@ def _long_row_norm_fwd_kernel(
             mask = cols < N
             src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
             x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            xhat = _xhat(x, mean, rstd, CENTER)
             index, n = _affine_index(cols, N, HW)
-            y = _row_affine(_xhat(x, mean, rstd, CENTER), W, B, index, n, OFFSET, HAS_W, HAS_B)
+            y = _row_affine(xhat, W, B, index, n, OFFSET, HAS_W, HAS_B)
+            if _spans_channels(HW, PRESUM):   # a group's elements in the next channel take its w and b
+                y = tl.where(cols >= (index + 1) * HW, _row_affine(xhat, W, B, index + 1, n, OFFSET, HAS_W, HAS_B), y)
             tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -1992,7 +2024,10 @@ def _load_x_g(X, DY, W, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVIC
     g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if HAS_W:
         index, n = _affine_index(cols, N, HW)
-        g = g * _load_scale(W, index, n, OFFSET)
+        w = _load_scale(W, index, n, OFFSET)
+        if _spans_channels(HW, cols.shape[-1]):   # a group's elements in the next channel take its w
+            w = tl.where(cols >= (index + 1) * HW, _load_scale(W, index + 1, n, OFFSET), w)
+        g = g * w
     return x, g
 
 
@@ -2064,7 +2099,7 @@ def _long_row_norm_bwd_kernel(
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_C: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr, UNROLL_SUMS: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr, UNROLL_SUMS: tl.constexpr,
     ALIGN: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
@@ -2115,9 +2150,10 @@ def _long_row_norm_bwd_kernel(
     UNROLL_SUMS_MAX_CHUNKS); False leaves its loop to the compiler.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
-    per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_N / BLOCK_C] tiles,
+    per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_HW] tiles,
     storing A[c], D[c] into row (sample) of the (B, C) fp32 DWp, DBp (with
-    B = 1, dw and db themselves: `_sum_targets`).
+    B = 1, dw and db themselves: `_sum_targets`). BLOCK_C, BLOCK_HW: that
+    tile (`_group_long_sum_tile`; 1 for the row norms).
     ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     """
     stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
@@ -2147,7 +2183,7 @@ def _long_row_norm_bwd_kernel(
         # block of them; row * Cg = sample * C + the group's first channel.
         sum_xhat_g, sum_g = _group_channel_sums(
             X, DY, W, DWp, DBp, 0, row * (N // HW), N // HW, HW, mean, rstd, HAS_W, COMPUTE_DW, COMPUTE_DB,
-            BLOCK_C, BLOCK_N // BLOCK_C, 1, "evict_last")
+            BLOCK_C, BLOCK_HW, 1, "evict_last")
         c1 = sum_xhat_g / N
         c2 = sum_g / N
     else:
@@ -2481,7 +2517,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
-                BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1,
+                BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1, BLOCK_HW=1,
                 JOINT=mean is not None and _holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
                 UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap,
                 enable_fp_fusion=FP_FUSION)
@@ -3321,22 +3357,48 @@ def _group_short_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dic
                 ALIGN=_align(HW), num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
 
 
-def _group_long_sum_channels(Cg: int, HW: int, block_n: int) -> int:
+def _group_long_sum_channels(Cg: int, HW: int, tile: int) -> int:
     """BLOCK_C of the long-row backward's per-channel sums (GroupNorm, w or b
-    trained): tiles of block_n elements, [BLOCK_C, block_n / BLOCK_C], that
-    span 1 / GROUP_SUM_TILES of a channel's HW positions (rounded up to a
-    power of two), fewer channels where Cg has fewer."""
-    block_hw = min(block_n, _pow2(_cdiv(HW, GROUP_SUM_TILES)))
-    return min(_pow2(Cg), block_n // block_hw)
+    trained): tiles of `tile` elements, [BLOCK_C, tile / BLOCK_C], that span
+    1 / GROUP_SUM_TILES of a channel's HW positions (rounded up to a power of
+    two), fewer channels where Cg has fewer."""
+    block_hw = min(tile, _pow2(_cdiv(HW, GROUP_SUM_TILES)))
+    return min(_pow2(Cg), tile // block_hw)
+
+
+def _group_long_sum_tile(Cg: int, N: int, HW: int, t: _RowTiling) -> dict:
+    """BLOCK_C and BLOCK_HW of that backward's per-channel sums (GroupNorm's
+    rows of N = Cg * HW, plan `t`): GROUP_SUM_ELEMENTS_PER_THREAD a thread,
+    at most a chunk, and at most half of a row of one chunk."""
+    tile = min(t.block_n, 32 * t.num_warps * GROUP_SUM_ELEMENTS_PER_THREAD)
+    if N <= t.block_n:
+        tile = min(tile, t.block_n // 2)
+    block_c = _group_long_sum_channels(Cg, HW, tile)
+    return dict(BLOCK_C=block_c, BLOCK_HW=tile // block_c)
+
+
+def _group_long_presum(N: int, HW: int, t: _RowTiling) -> int:
+    """PRESUM of GroupNorm's long rows of N = Cg * HW (plan `t`): LONG_PRESUM,
+    or the elements a thread holds of a chunk where that is fewer, so that a
+    group adds up in registers. A group of that size may span two channels
+    (`_spans_channels`) where HW is no multiple of it; it is cut down to the
+    largest power of two that divides HW, a group in one channel, where that
+    is GROUP_ONE_CHANNEL_PRESUM_MIN or more, where HW is shorter than the
+    group, and where N is no multiple of it (the row loads in narrower
+    vectors)."""
+    presum = min(LONG_PRESUM, max(1, t.block_n // (32 * t.num_warps)))
+    one_channel = math.gcd(HW, presum)
+    if one_channel >= GROUP_ONE_CHANNEL_PRESUM_MIN or HW < presum or N % presum:
+        return one_channel
+    return presum
 
 
 def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict:
     """The compile-time arguments both long-row kernels take for GroupNorm's
-    rows of N = Cg * HW (plan `t`). PRESUM divides HW, so that a group's
-    elements share a channel (`_affine_index`)."""
+    rows of N = Cg * HW (plan `t`)."""
     N = C // G * HW
     return dict(N=N, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
-                PRESUM=math.gcd(HW, LONG_PRESUM), HW=HW, UNROLL=_unrolled(N, t.block_n), ALIGN=_align(N),
+                PRESUM=_group_long_presum(N, HW, t), HW=HW, UNROLL=_unrolled(N, t.block_n), ALIGN=_align(N),
                 num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
 
 
@@ -3467,7 +3529,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            BLOCK_C=_group_long_sum_channels(Cg, HW, long_rows.block_n),
+            **_group_long_sum_tile(Cg, L, HW, long_rows),
             JOINT=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
             UNROLL_SUMS=_unrolled_sums(L, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
     else:

@@ -1992,6 +1992,27 @@ def test_group_norm_long_rows(shape, groups, dtype, params, inputs, monkeypatch)
     check_op(OPS["gn"], shape, dtype, params, inputs, groups)
 
 
+@pytest.mark.parametrize("presum", [2, 4, fn.LONG_PRESUM])
+@pytest.mark.parametrize("shape, groups", [((2, 16, 7, 7), 2), ((2, 16, 3, 5), 2), ((2, 8, 5, 10), 2),
+                                           ((3, 4, 6, 6), 2)], ids=["7x7", "3x5", "5x10", "6x6"])
+@pytest.mark.parametrize("params", [ALL_FROZEN["gn"], ALL_TRAIN["gn"]], ids=["frozen", "train"])
+def test_group_norm_long_rows_spanning_groups(presum, shape, groups, params, monkeypatch):
+    """Groups of `presum` elements that reach into the next channel
+    (`_spans_channels`): the tests' chunks are too narrow for the planner to
+    pick groups of more than one element a thread, so the size is set here,
+    under the planner's rule (`_group_long_presum`: HW at least the group, or
+    a multiple of it). With w and b trained, the per-channel sums' tiles are
+    [2, 4], smaller than a chunk, as the planner's are on a GPU
+    (`_group_long_sum_tile`)."""
+    _group_long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "_group_long_presum",
+                        lambda N, HW, t: presum if HW >= presum and N % presum == 0 else math.gcd(HW, presum))
+    monkeypatch.setattr(fn, "_group_long_sum_tile", lambda Cg, N, HW, t: dict(BLOCK_C=2, BLOCK_HW=4))
+    assert _takes_long_rows(shape, groups)
+    monkeypatch.setattr(fn, "_group_norm_bwd_kernel", None)
+    check_op(OPS["gn"], shape, torch.float32, params, {"x": True}, groups)
+
+
 def test_group_norm_sum_tiles():
     """The per-channel sums' tiles span 1 / GROUP_SUM_TILES of a channel (rounded
     up to a power of two), at most the chunk, at most Cg rounded up channels."""
@@ -2000,6 +2021,41 @@ def test_group_norm_sum_tiles():
     assert fn._group_long_sum_channels(4, 4096 * tiles, 8192) == 2           # [2, 4096]
     assert fn._group_long_sum_channels(10, 100 * tiles, 8192) == 16          # [16, 512]: Cg rounded up to 16
     assert fn._group_long_sum_channels(3, 8192 * tiles, 8192) == 1           # part of a channel per chunk
+    # The tile holds at most GROUP_SUM_ELEMENTS_PER_THREAD a thread, or the chunk.
+    per_thread = fn.GROUP_SUM_ELEMENTS_PER_THREAD
+    # A row of one chunk: at most half of it.
+    chunk_4_warps = fn._RowTiling(1, 4096, False, 4, 1)
+    tile = fn._group_long_sum_tile(64, 64 * 49, 49, chunk_4_warps)
+    assert tile["BLOCK_C"] * tile["BLOCK_HW"] == min(128 * per_thread, 2048)
+    assert tile["BLOCK_C"] == 64
+    many_chunks = fn._group_long_sum_tile(4, 4 * 3969, 3969, chunk_4_warps)
+    assert many_chunks["BLOCK_C"] * many_chunks["BLOCK_HW"] == min(128 * per_thread, 4096)
+    small = fn._group_long_sum_tile(16, 16 * 49, 49, fn._RowTiling(1, 1024, False, 4, 1))
+    assert small["BLOCK_C"] * small["BLOCK_HW"] == min(512, 128 * per_thread)
+
+
+def test_group_norm_presum():
+    """GroupNorm's long rows pre-sum LONG_PRESUM elements a thread, fewer where a
+    thread holds fewer of a chunk, and HW's largest power-of-two divisor (a
+    group in one channel) where that is GROUP_ONE_CHANNEL_PRESUM_MIN or more,
+    where HW is shorter than the group and where N is no multiple of it."""
+    presum = fn.LONG_PRESUM
+    wide = fn._RowTiling(1, 4096, False, 4, 1)                 # 32 elements a thread
+    narrow = fn._RowTiling(1, 512, False, 4, 1)                # 4 elements a thread
+    assert fn._group_long_presum(64 * 49, 49, wide) == presum  # spans two channels at most
+    assert fn._group_long_presum(16 * 50, 50, wide) == presum  # spans: in one channel, groups of 2
+    assert fn._group_long_presum(64 * 64, 64, wide) == presum
+    assert fn._group_long_presum(32 * 196, 196, wide) == 4     # in one channel: groups of 4
+    assert fn._group_long_presum(64 * 6, 6, wide) == 2 and fn._group_long_presum(64 * 5, 5, wide) == 1
+    assert fn._group_long_presum(8 * 49, 49, narrow) == 4 and fn._group_long_presum(8 * 3, 3, narrow) == 1
+    assert fn._group_long_presum(10 * 49, 49, narrow) == 1     # 490: vectors of 2, groups in one channel
+    for cg, hw in itertools.product(range(1, 20), range(1, 70)):
+        for t in (wide, narrow):
+            p = fn._group_long_presum(cg * hw, hw, t)
+            assert p & (p - 1) == 0 and p <= t.block_n // (32 * t.num_warps)
+            assert hw % p == 0 or (hw >= p and cg * hw % p == 0)   # a group spans two channels at most
+            if hw % p:   # spanning only where a group in one channel would be shorter
+                assert math.gcd(hw, p) < fn.GROUP_ONE_CHANNEL_PRESUM_MIN
 
 
 @pytest.mark.parametrize("params", [ALL_FROZEN["gn"], ALL_TRAIN["gn"]], ids=["frozen", "train"])
