@@ -3320,15 +3320,26 @@ def _group_runs(programs: int, per_split: int, HW: int, block_c: int, block_hw: 
     return max(1, min(tiles, (target + programs // 2) // programs))
 
 
-def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device) -> Optional[_RowTiling]:
+def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device,
+                     backward: bool = False) -> Optional[_RowTiling]:
     """The long-row kernels' plan for GroupNorm's B * G rows of Cg * HW
     elements, whatever their length, or None where GroupNorm's own kernels
     take them: fewer than GROUP_LONG_ROWS_PER_SM rows per SM, or Cg * HW no
     multiple of GROUP_LONG_MIN_RUN. The launchers ask `_group_short_rows`
-    first: rows that it plans take the short-row kernels."""
+    first: rows that it plans take the short-row kernels.
+    A row that fits one tile is still one program's: the backward's takes the
+    warps of its own elements at LOOP_ELEMENTS_PER_THREAD a thread, down to
+    one warp and at most the tile's, not the warps of the tile's rows; so
+    does the forward's, at ELEMENTS_PER_THREAD, where HW is no multiple of
+    LONG_PRESUM (rows whose channels are whole vectors measured faster on the
+    tile's warps; NOTES.md, section 6)."""
     if B * G < GROUP_LONG_ROWS_PER_SM * _num_sms(device) or (C // G * HW) % GROUP_LONG_MIN_RUN:
         return None
-    return _row_tiling(B * G, C // G * HW)
+    t = _row_tiling(B * G, C // G * HW)
+    if t.one_pass and (backward or HW % LONG_PRESUM):
+        per_thread = LOOP_ELEMENTS_PER_THREAD if backward else ELEMENTS_PER_THREAD
+        t = t._replace(num_warps=max(1, min(t.num_warps, t.block_n // (32 * per_thread))))
+    return t
 
 
 def _group_short_rows(B: int, C: int, HW: int, G: int, device: torch.device,
@@ -3506,7 +3517,7 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
     if x3.numel() == 0 or not (compute_dx or trains):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
     short_rows = _group_short_rows(B, C, HW, num_groups, x.device, backward=True)
-    long_rows = None if short_rows is not None else _group_long_rows(B, C, HW, num_groups, x.device)
+    long_rows = None if short_rows is not None else _group_long_rows(B, C, HW, num_groups, x.device, backward=True)
     if short_rows is not None:
         dw_partial, db_partial = _sum_targets(B, dw, db)
         _group_rows_bwd_kernel[(short_rows.num_tiles,)](

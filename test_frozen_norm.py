@@ -2085,6 +2085,31 @@ def test_group_norm_long_rows_plan():
     assert fn._group_long_rows(rows, 1, 2 * run, 1, device) is not None
 
 
+def test_group_norm_long_row_warps():
+    """A GroupNorm row that fits one tile runs one program on the warps of its
+    own elements, LOOP_ELEMENTS_PER_THREAD a thread backward and, where HW is
+    no multiple of LONG_PRESUM, ELEMENTS_PER_THREAD forward, down to one warp
+    and at most the tile's; other forwards and rows of several chunks keep
+    the plan's."""
+    device = torch.device(DEVICE)
+    rows = 4096   # many rows on any GPU and in the interpreter
+
+    def warps(N, HW, backward):
+        return fn._group_long_rows(rows, N // HW, HW, 1, device, backward=backward).num_warps   # rows of N
+
+    for N in (392, 784, 1568, 4096, fn.ROW_BLOCK_MAX):
+        tile = fn._row_tiling(rows, N)
+        block = fn._pow2(N)
+        assert tile.one_pass and tile.block_n == block
+        for backward, per_thread in ((False, fn.ELEMENTS_PER_THREAD), (True, fn.LOOP_ELEMENTS_PER_THREAD)):
+            assert warps(N, 2, backward) == max(1, min(tile.num_warps, block // (32 * per_thread)))
+        assert warps(N, fn.LONG_PRESUM, False) == tile.num_warps   # channels of whole vectors, forward
+    assert warps(392, 2, False) == warps(392, 2, True) == 1 and warps(784, 2, True) == 2
+    assert warps(392, 8, True) == 1
+    long = fn._row_tiling(rows, 4 * fn.ROW_BLOCK_MAX)
+    assert not long.one_pass and warps(4 * fn.ROW_BLOCK_MAX, 2, True) == long.num_warps
+
+
 # GroupNorm's short rows: [ROWS, BLOCK_C, BLOCK_HW] tiles of whole rows. Cg
 # and HW powers of two or not (lanes masked past either), one position a
 # channel (HW = 1), odd HW, rows per tile not dividing B * G (a last tile
