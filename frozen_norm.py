@@ -2894,10 +2894,13 @@ class LayerNorm(torch.nn.LayerNorm):
 # Many rows. A row is contiguous, so with enough rows (the constants above),
 # longer or short, the forward and the backward are LayerNorm's long-row kernels
 # with one delta: w and b are per channel, not per column (their HW argument,
-# `_affine_index`). Their pass 1 sums per group of a thread's elements, with no
-# barrier in the loop (GroupNorm's own forward reduces every tile). With w or b
-# trained the backward's pass 1 forms A and D instead, by blocks of channels
-# (`_group_channel_sums`, shared with GroupNorm's own backward).
+# `_affine_index`), loaded once per group of a thread's elements, a group in
+# one channel or, where HW is odd or twice odd, spanning two
+# (`_spans_channels`). Their pass 1 sums per group too, with no barrier in
+# the loop (GroupNorm's own forward reduces every tile). With w or b trained
+# the backward's pass 1 forms A and D instead, by blocks of channels
+# (`_group_channel_sums`, shared with GroupNorm's own backward). A row that
+# fits a tile runs on the warps of its own elements (`_group_long_rows`).
 #
 # Few rows, rows of Cg * HW no multiple of GROUP_LONG_MIN_RUN, and a backward
 # without dx (the long-row kernel's pass 2 is dx), where the rows are not
