@@ -2000,8 +2000,10 @@ def test_group_norm_long_rows_spanning_groups(presum, shape, groups, params, mon
     """Groups of `presum` elements that reach into the next channel
     (`_spans_channels`): the tests' chunks are too narrow for the planner to
     pick groups of more than one element a thread, so the size is set here,
-    under the planner's rule (`_group_long_presum`: HW at least the group, or
-    a multiple of it). With w and b trained, the per-channel sums' tiles are
+    within the planner's bounds (`_group_long_presum`: HW at least the group
+    or a multiple of it, N a multiple of it), spanning also where the planner
+    keeps groups of 4 in one channel (6 x 6) to reach the code. With w and b
+    trained, the per-channel sums' tiles are
     [2, 4], smaller than a chunk, as the planner's are on a GPU
     (`_group_long_sum_tile`)."""
     _group_long_rows_from(64, monkeypatch)
