@@ -2015,6 +2015,31 @@ def test_group_norm_long_rows_spanning_groups(presum, shape, groups, params, mon
     check_op(OPS["gn"], shape, torch.float32, params, {"x": True}, groups)
 
 
+# GroupNorm's rows of HW no multiple of 4 at real sizes, planned by the real
+# SM count (the CPU tests reach these plans by lowering limits or setting the
+# group's size): groups of LONG_PRESUM that span two channels (7 x 7 with 16
+# channels a group, 5 x 10, 15 x 15), rows of one chunk on one or two warps
+# (784, 800), and rows of 490, whose vectors of 2 keep groups of one element.
+GPU_ODD_HW_SHAPES = [((128, 512, 7, 7), 32, True), ((128, 512, 5, 10), 32, True),
+                     ((64, 1024, 15, 15), 32, True), ((256, 320, 7, 7), 32, False)]
+
+
+@gpu
+@pytest.mark.parametrize("shape, groups, spans", GPU_ODD_HW_SHAPES, ids=["7x7", "5x10", "15x15", "7x7-490"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("params", [ALL_FROZEN["gn"], ALL_TRAIN["gn"]], ids=["frozen", "train"])
+def test_group_norm_odd_hw_real_plans(shape, groups, spans, dtype, params):
+    """Those shapes through the long-row kernels as planned on this GPU."""
+    B, C = shape[:2]
+    HW = math.prod(shape[2:])
+    assert _takes_long_rows(shape, groups)
+    for backward in (False, True):
+        t = fn._group_long_rows(B, C, HW, groups, torch.device(DEVICE), backward=backward)
+        presum = fn._group_long_presum(C // groups * HW, HW, t)
+        assert (HW % presum != 0) == spans and (presum == fn.LONG_PRESUM or not spans)
+    check_op(OPS["gn"], shape, dtype, params, {"x": True}, groups)
+
+
 def test_group_norm_sum_tiles():
     """The per-channel sums' tiles span 1 / GROUP_SUM_TILES of a channel (rounded
     up to a power of two), at most the chunk, at most Cg rounded up channels."""
