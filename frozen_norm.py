@@ -318,7 +318,7 @@ LONG_BWD_8_WARP_MIN_CHUNKS = 7
 # programs per SM, not eight and four). RMSNorm's frozen rows of whole chunks
 # under LONG_BWD_8_WARP_MAX_REGISTERS (10240 = 5 x 2048) take
 # LONG_BWD_SPILL_MAX_REGISTERS (two programs per SM, not three), which
-# measured faster; FusedAdd's keep it (128 measured slower: `_cuda13_cap`;
+# measured faster; FusedAdd's keep it (128 measured slower: `_ptxas_cap`;
 # NOTES.md, 5.5). RMSNorm's 4-warp chunks among them (4097 to 5119) take
 # CUDA13_MAX_REGISTERS from PIPED_ALL_TRITON on: Triton 3.8's CUDA 12.9
 # ptxas already spills them 16 to 32 bytes under LONG_BWD_MAX_REGISTERS.
@@ -800,7 +800,7 @@ def _eight_warp_cap(t: "_RowTiling", x: torch.Tensor, N: int, whole_per_lane: bo
     return whole_per_lane or (_unrolled(N, t.block_n) and _cdiv(N, t.block_n) >= LONG_BWD_8_WARP_MIN_CHUNKS)
 
 
-def _cuda13_cap(cap: int, t: "_RowTiling", N: int, fused_add: bool, rms_frozen: bool) -> int:
+def _ptxas_cap(cap: int, t: "_RowTiling", N: int, fused_add: bool, rms_frozen: bool) -> int:
     """The register cap of RMSNorm's and FusedAdd's long-row dx kernel on
     16-bit rows whose loads vectorize, given the cap it takes before (the
     caller asks from PIPED_ALL_TRITON on). Raised where ptxas spills: under
@@ -2513,7 +2513,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             cap = (LONG_BWD_8_WARP_MAX_REGISTERS if _eight_warp_cap(t, x, N, whole_per_lane)   # three programs per SM
                    else LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
             if mean is None and vec16 and _TRITON_VERSION >= PIPED_ALL_TRITON:
-                cap = _cuda13_cap(cap, t, N, ds is not None, rms_frozen)
+                cap = _ptxas_cap(cap, t, N, ds is not None, rms_frozen)
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,

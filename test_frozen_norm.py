@@ -656,7 +656,7 @@ ONE_TRAINED = [("rms", {"weight": TRAIN}), ("fadd", {"weight": TRAIN}), ("ln", {
 
 # Triton versions as the planner reads them: one before PIPED_ALL_TRITON (as
 # 3.6, on the H200 of NOTES.md) and that one (3.8). CUDA13_PTXAS_TRITON's caps
-# have their own test (test_long_row_backward_cuda13_cap).
+# have their own test (test_long_row_backward_ptxas_cap).
 TRITON_VERSIONS = PLAN_TRITON_VERSIONS
 VERSION_IDS = ["triton%d.%d" % v for v in TRITON_VERSIONS]
 
@@ -1512,7 +1512,7 @@ CUDA13 = fn.CUDA13_MAX_REGISTERS
     ("rms", 12288, torch.bfloat16, 4096, LOW, LOW),       # 16 warps
     ("rms", 9216, torch.bfloat16, 1024, HIGH, HIGH),
     ("rms", 10240, torch.float32, 2048, HIGH, HIGH)])
-def test_long_row_backward_cuda13_cap(name, N, dtype, chunk, before, cap, monkeypatch):
+def test_long_row_backward_ptxas_cap(name, N, dtype, chunk, before, cap, monkeypatch):
     """Planned as under CUDA13_PTXAS_TRITON (Triton 3.9, whose CUDA 13 ptxas
     spills where 3.8's did not), whatever Triton runs: RMSNorm's and
     FusedAdd's long-row dx kernel on 16-bit rows whose loads vectorize, in
