@@ -59,7 +59,10 @@ What you will learn by reading it
   them, in two launches, the partial moments merged by Chan's formula, and
   the second, elementwise launch cut into as many runs as fill the SMs.
   And the opposite, rows of a few hundred elements: several whole rows a
-  program, in a 3-D tile whose middle axis is the channel.
+  program, in a 3-D tile whose middle axis is the channel. And a per-channel
+  w where a channel may start inside a vector (odd HW): two loads per group
+  of 8 elements and a select per element, not a load per element
+  (`_spans_channels`).
 * Two kernels side by side on two CUDA streams, so that one finds in L2 what
   the other read (the dw/db kernel of long rows beside their dx kernel), and
   why that pays only where they start together: in a CUDA graph.
