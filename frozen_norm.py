@@ -172,7 +172,9 @@ LOOP_TILE_ELEMENTS = 2048
 # Elements of each tensor a thread holds, which sets a program's warps: 32
 # where a program reads one tile and exits (four 16-byte bf16 loads a tensor
 # in flight); 16 in the backward, whose programs loop over the tiles of a
-# persistent grid and keep registers for the dw/db accumulators.
+# persistent grid and keep registers for the dw/db accumulators. GroupNorm's
+# rows of one tile, a row a program, size their warps by them too
+# (`_group_long_rows`).
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
 
