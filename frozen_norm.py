@@ -600,6 +600,13 @@ GROUP_SUM_TILES = 4
 # backward's register cap; rows of one chunk of 8 a thread measured faster
 # with two steps of half of it (NOTES.md, section 6).
 GROUP_SUM_ELEMENTS_PER_THREAD = 8
+# Their loop over a block of channels' positions is unrolled whole where it
+# takes at most GROUP_SUMS_UNROLL_MAX_STEPS tiles (UNROLL_SUMS of the long-row
+# backward; GROUP_SUM_TILES steps unless a quarter of a channel is more than
+# a tile), so that all its loads issue before the sums, which Triton 3.8's
+# compiler did not do unasked, nor 3.6's at every HW; longer loops are left
+# to the compiler (not measured; NOTES.md, section 6).
+GROUP_SUMS_UNROLL_MAX_STEPS = 4
 # The long-row kernels' groups of LONG_PRESUM elements (`_group_long_presum`)
 # may span two channels where HW is no multiple of LONG_PRESUM: w and b are
 # then loaded per group, not per element (HW odd). Where groups of
@@ -2052,7 +2059,8 @@ def _dx_constants(c1, c2, mean, rstd, CENTER: tl.constexpr):
 @triton.jit
 def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
                         HAS_W: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-                        BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr):
+                        BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr,
+                        UNROLL_FACTOR: tl.constexpr):
     """Pass 1 of a GroupNorm backward whose w or b trains (section 7): for
     each of n_c channels c, A[c] = rstd * sum_hw dy * (x - mean) and D[c] =
     sum_hw dy, stored to DWp[out + c] and DBp[out + c] (COMPUTE_DW,
@@ -2062,8 +2070,9 @@ def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
     X, DY point at the first channel's first element, the n_c channels of HW
     positions contiguous from there; channel c's w is W[c_first + c]. Tiles
     are [BLOCK_C, BLOCK_HW], accumulated per lane over a block of channels'
-    HW positions (a STAGES-deep pipeline; loads with eviction policy EVICT)
-    and reduced once per block: a reduction per tile is slower (and Triton
+    HW positions (a STAGES-deep pipeline, that loop's `loop_unroll_factor`
+    UNROLL_FACTOR, 1 for the compiler's choice; loads with eviction policy
+    EVICT) and reduced once per block: a reduction per tile is slower (and Triton
     3.6 fails to compile it here). Used by GroupNorm's own backward (a
     split's channels) and by `_long_row_norm_bwd_kernel` (a row's).
     """
@@ -2073,7 +2082,7 @@ def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
         c = c0 + tl.arange(0, BLOCK_C)
         A_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
         D_tile = tl.zeros([BLOCK_C, BLOCK_HW], dtype=tl.float32)
-        for h0 in tl.range(0, HW, BLOCK_HW, num_stages=STAGES):
+        for h0 in tl.range(0, HW, BLOCK_HW, num_stages=STAGES, loop_unroll_factor=UNROLL_FACTOR):
             offs, mask = _tile(c, h0 + tl.arange(0, BLOCK_HW), n_c, HW, HW)
             x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
             dy = tl.load(DY + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
@@ -2151,8 +2160,10 @@ def _long_row_norm_bwd_kernel(
     each with its own (see the JOINT rule beside LONG_BWD_MAX_REGISTERS).
     HW, G, stride_stats, UNROLL: as in `_long_row_norm_fwd_kernel` (UNROLL
     applies to the per-lane pass 1 and to pass 2).
-    UNROLL_SUMS: the per-lane pass 1 alone unrolled whole (see
-    UNROLL_SUMS_MAX_CHUNKS); False leaves its loop to the compiler.
+    UNROLL_SUMS: pass 1 alone unrolled whole: the per-lane sums' chunks (see
+    UNROLL_SUMS_MAX_CHUNKS), or with COMPUTE_DW or COMPUTE_DB the channel
+    sums' tiles over a block of channels' HW positions (see
+    GROUP_SUMS_UNROLL_MAX_STEPS); False leaves its loop to the compiler.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_HW] tiles,
@@ -2188,7 +2199,7 @@ def _long_row_norm_bwd_kernel(
         # block of them; row * Cg = sample * C + the group's first channel.
         sum_xhat_g, sum_g = _group_channel_sums(
             X, DY, W, DWp, DBp, 0, row * (N // HW), N // HW, HW, mean, rstd, HAS_W, COMPUTE_DW, COMPUTE_DB,
-            BLOCK_C, BLOCK_HW, 1, "evict_last")
+            BLOCK_C, BLOCK_HW, 1, "evict_last", _unroll_factor(HW, BLOCK_HW, UNROLL_SUMS))
         c1 = sum_xhat_g / N
         c2 = sum_g / N
     else:
@@ -3139,7 +3150,7 @@ def _group_norm_bwd_kernel(
         out = (sample.to(tl.int64) * runs + run) * C + c_lo
         sum_xhat_g, sum_g = _group_channel_sums(
             X + first + lo, DY + first + lo, W, DWp, DBp, c_lo, out, c_hi - c_lo, hi - lo, mean, rstd,
-            HAS_W, COMPUTE_DW, COMPUTE_DB, BLOCK_C, BLOCK_HW, STAGES, "")
+            HAS_W, COMPUTE_DW, COMPUTE_DB, BLOCK_C, BLOCK_HW, STAGES, "", 1)
     else:
         sum_xhat_g = tl.load(stats_row + 2)
         sum_g = tl.load(stats_row + 3)
@@ -3545,12 +3556,16 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
         L = meta["N"]
         dw_partial, db_partial = _sum_targets(B, dw, db)
+        tile = _group_long_sum_tile(Cg, L, HW, long_rows)
+        if trains:   # pass 1 is the channel sums' loop over HW in tiles of BLOCK_HW
+            unroll_sums = _cdiv(HW, tile["BLOCK_HW"]) <= GROUP_SUMS_UNROLL_MAX_STEPS
+        else:
+            unroll_sums = _unrolled_sums(L, long_rows.block_n)
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            **_group_long_sum_tile(Cg, L, HW, long_rows),
-            JOINT=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
-            UNROLL_SUMS=_unrolled_sums(L, long_rows.block_n), maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
+            **tile, JOINT=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
+            UNROLL_SUMS=unroll_sums, maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
     else:
         # The spare columns of the stats tensor are the sums launch's scratch,
         # a pair per program: `pieces` runs of tiles per split with w and b

@@ -2061,6 +2061,39 @@ def test_group_norm_sum_tiles():
     assert small["BLOCK_C"] * small["BLOCK_HW"] == min(512, 128 * per_thread)
 
 
+@pytest.mark.parametrize("size, unroll_sums", [
+    ((128, 1024, 14, 14, 32), True),   # [32, 64] tiles: 4 steps over 196 positions
+    ((256, 2048, 7, 7, 32), True),     # [64, 16]: 4 over 49
+    ((16, 512, 128, 128, 32), True),   # [2, 4096]: 4 over 16384
+    ((4, 64, 256, 256, 32), False)])   # [1, 8192]: 8 over 65536, over GROUP_SUMS_UNROLL_MAX_STEPS
+def test_group_norm_unroll_sums(size, unroll_sums):
+    """GroupNorm's long-row backward with w or b trained unrolls its channel
+    sums' loop over HW whole (UNROLL_SUMS) where it takes at most
+    GROUP_SUMS_UNROLL_MAX_STEPS tiles. On meta tensors; the unrolled code
+    against float64 in test_group_norm_unroll_sums_values."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    for call in ("trainable", "frozen w"):   # both trained, or b alone
+        rec = record_backward("gn", size, VARIANTS["gn"][call], torch.bfloat16)
+        launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+        steps = -(-size[2] * size[3] // launch.constexprs["BLOCK_HW"])
+        assert launch.constexprs["UNROLL_SUMS"] == unroll_sums, (call, steps)
+        assert unroll_sums == (steps <= fn.GROUP_SUMS_UNROLL_MAX_STEPS)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_group_norm_unroll_sums_values(dtype, monkeypatch):
+    """GroupNorm's trained rows with the channel sums unrolled (UNROLL_SUMS)
+    against float64: rows of two channels of 8 x 8 in [2, 16] tiles, four
+    steps over a channel's 64 positions (on a GPU, the unrolled code)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    _group_long_rows_from(64, monkeypatch)
+    shape, groups = (3, 6, 8, 8), 3
+    rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["trainable"], dtype)
+    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    assert launch.constexprs["UNROLL_SUMS"] and 64 // launch.constexprs["BLOCK_HW"] > 1
+    check_op(OPS["gn"], shape, dtype, ALL_TRAIN["gn"], {"x": True}, groups)
+
+
 def test_group_norm_presum():
     """GroupNorm's long rows pre-sum LONG_PRESUM elements a thread, fewer where a
     thread holds fewer of a chunk, and HW's largest power-of-two divisor (a
