@@ -1775,7 +1775,10 @@ def _long_row_norm_fwd_kernel(
             xhat = _xhat(x, mean, rstd, CENTER)
             index, n = _affine_index(cols, N, HW)
             y = _row_affine(xhat, W, B, index, n, OFFSET, HAS_W, HAS_B)
-            if _spans_channels(HW, PRESUM):   # a group's elements in the next channel take its w and b
+            # A group's elements in the next channel take its w and b: y of
+            # both channels, then a select (selecting w and b first, as the
+            # backward selects w, measured slower: NOTES.md, section 6).
+            if _spans_channels(HW, PRESUM):
                 y = tl.where(cols >= (index + 1) * HW, _row_affine(xhat, W, B, index + 1, n, OFFSET, HAS_W, HAS_B), y)
             tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
