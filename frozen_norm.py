@@ -3176,16 +3176,18 @@ def _group_norm_bwd_kernel(
 
 
 @triton.jit
-def _group_rows_tile(rows, M, Cg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
+def _group_rows_tile(rows, M, G, Cg, HW, BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr):
     """Offsets and mask of a [ROWS, BLOCK_C, BLOCK_HW] tile of whole rows
     (`rows` of M, each Cg * HW contiguous elements): [r, c, h] is position h
     of channel c of row rows[r]. Also c, the channels 0 .. BLOCK_C - 1 of a
-    row: channel c of row r is w's and b's (r % G) * Cg + c (G groups)."""
+    row, and `channels`, [ROWS, BLOCK_C, 1]: channel c of row r is w's and
+    b's (r % G) * Cg + c (G groups)."""
     c = tl.arange(0, BLOCK_C)
     h = tl.arange(0, BLOCK_HW)
     offs = (rows.to(tl.int64) * (Cg * HW))[:, None, None] + (c * HW)[None, :, None] + h[None, None, :]
     mask = (rows < M)[:, None, None] & ((c < Cg)[:, None] & (h < HW)[None, :])[None, :, :]
-    return offs, mask, c
+    channels = ((rows % G) * Cg)[:, None, None] + c[None, :, None]
+    return offs, mask, c, channels
 
 
 @triton.jit
@@ -3221,7 +3223,7 @@ def _group_rows_fwd_kernel(
     HW = _aligned(HW, ALIGN)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
-    offs, mask, c = _group_rows_tile(rows, M, Cg, HW, BLOCK_C, BLOCK_HW)
+    offs, mask, c, channels = _group_rows_tile(rows, M, G, Cg, HW, BLOCK_C, BLOCK_HW)
     x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
     mean = _group_rows_sums(x) / (Cg * HW)
     xc = tl.where(mask, x - mean[:, None, None], 0.0)
@@ -3229,7 +3231,6 @@ def _group_rows_fwd_kernel(
     stats = Stats + rows.to(tl.int64) * stats_stride
     tl.store(stats, mean, mask=rows < M)
     tl.store(stats + 1, rstd, mask=rows < M)
-    channels = ((rows % G) * Cg)[:, None, None] + c[None, :, None]
     y = _row_affine(xc * rstd[:, None, None], W, B, channels, G * Cg, 0.0, HAS_W, HAS_B)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
@@ -3266,7 +3267,7 @@ def _group_rows_bwd_kernel(
     """
     HW = _aligned(HW, ALIGN)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    offs, mask, c = _group_rows_tile(rows, M, Cg, HW, BLOCK_C, BLOCK_HW)
+    offs, mask, c, channels = _group_rows_tile(rows, M, G, Cg, HW, BLOCK_C, BLOCK_HW)
     stats = Stats + rows.to(tl.int64) * stats_stride
     mean = tl.load(stats, mask=rows < M, other=0.0)[:, None, None]
     rstd = tl.load(stats + 1, mask=rows < M, other=0.0)[:, None, None]
@@ -3277,7 +3278,7 @@ def _group_rows_bwd_kernel(
     if COMPUTE_DX:
         g = dy
         if HAS_W:
-            g = dy * _load_vector(W, ((rows % G) * Cg)[:, None, None] + c[None, :, None], G * Cg)
+            g = dy * _load_vector(W, channels, G * Cg)
         c1 = (_group_rows_sums(xhat * g) / (Cg * HW))[:, None, None]
         c2 = (_group_rows_sums(g) / (Cg * HW))[:, None, None]
         dx = g * rstd - c2 * rstd - xhat * (c1 * rstd)
