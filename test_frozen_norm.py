@@ -2065,7 +2065,8 @@ def test_group_norm_sum_tiles():
     ((128, 1024, 14, 14, 32), True),   # [32, 64] tiles: 4 steps over 196 positions
     ((256, 2048, 7, 7, 32), True),     # [64, 16]: 4 over 49
     ((16, 512, 128, 128, 32), True),   # [2, 4096]: 4 over 16384
-    ((4, 64, 256, 256, 32), False)])   # [1, 8192]: 8 over 65536, over GROUP_SUMS_UNROLL_MAX_STEPS
+    ((4, 64, 256, 256, 32), True),     # [1, 8192]: 8 over 65536
+    ((4, 32, 512, 256, 32), False)])   # [1, 8192]: 16 over 131072, over GROUP_SUMS_UNROLL_MAX_STEPS
 def test_group_norm_unroll_sums(size, unroll_sums):
     """GroupNorm's long-row backward with w or b trained unrolls its channel
     sums' loop over HW whole (UNROLL_SUMS) where it takes at most
@@ -2080,17 +2081,22 @@ def test_group_norm_unroll_sums(size, unroll_sums):
         assert unroll_sums == (steps <= fn.GROUP_SUMS_UNROLL_MAX_STEPS)
 
 
+@pytest.mark.parametrize("shape, groups, per_thread, steps", [
+    ((3, 6, 8, 8), 3, 8, 4),       # rows of two channels of 8 x 8 in [2, 16] tiles
+    ((2, 4, 16, 16), 2, 1, 8)])    # two channels of 16 x 16 in [1, 32] tiles, one after the other
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_group_norm_unroll_sums_values(dtype, monkeypatch):
+def test_group_norm_unroll_sums_values(shape, groups, per_thread, steps, dtype, monkeypatch):
     """GroupNorm's trained rows with the channel sums unrolled (UNROLL_SUMS)
-    against float64: rows of two channels of 8 x 8 in [2, 16] tiles, four
-    steps over a channel's 64 positions (on a GPU, the unrolled code)."""
+    against float64, four and eight steps over a channel's positions (tiles
+    of GROUP_SUM_ELEMENTS_PER_THREAD = `per_thread` a thread; on a GPU, the
+    unrolled code)."""
     from bench_frozen_norm import VARIANTS, record_backward
     _group_long_rows_from(64, monkeypatch)
-    shape, groups = (3, 6, 8, 8), 3
+    monkeypatch.setattr(fn, "GROUP_SUM_ELEMENTS_PER_THREAD", per_thread)
     rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["trainable"], dtype)
     launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
-    assert launch.constexprs["UNROLL_SUMS"] and 64 // launch.constexprs["BLOCK_HW"] > 1
+    hw = shape[2] * shape[3]
+    assert launch.constexprs["UNROLL_SUMS"] and hw // launch.constexprs["BLOCK_HW"] == steps
     check_op(OPS["gn"], shape, dtype, ALL_TRAIN["gn"], {"x": True}, groups)
 
 
