@@ -604,9 +604,9 @@ GROUP_SUM_ELEMENTS_PER_THREAD = 8
 # takes at most GROUP_SUMS_UNROLL_MAX_STEPS tiles (UNROLL_SUMS of the long-row
 # backward; GROUP_SUM_TILES steps unless a quarter of a channel is more than
 # a tile), so that all its loads issue before the sums, which Triton 3.8's
-# compiler did not do unasked, nor 3.6's at every HW; 8 steps measured faster
-# unrolled too, longer loops are left to the compiler (not measured;
-# NOTES.md, section 6).
+# compiler did not do unasked, nor 3.6's at every HW. Loops of 8 steps
+# measured faster unrolled too; longer ones are left to the compiler (not
+# measured; NOTES.md, section 6).
 GROUP_SUMS_UNROLL_MAX_STEPS = 8
 # The long-row kernels' groups of LONG_PRESUM elements (`_group_long_presum`)
 # may span two channels where HW is no multiple of LONG_PRESUM: w and b are
