@@ -1608,6 +1608,11 @@ def test_long_row_unroll(name, N, call, dtype, unroll):
         check_op(OPS[name], (3, N), dtype, params, _with_grads(name))
 
 
+def _long_bwd_launch(rec):
+    """The long-row backward's launch among a recorded call's launches."""
+    return next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+
+
 @pytest.mark.parametrize("name, size, call, dtype, unroll_sums", [
     ("rms", (3, 16384), "frozen w", torch.bfloat16, True),     # 4 chunks of 4096
     ("fadd", (3, 12288), "frozen w", torch.float32, True),     # 3 of 4096
@@ -1626,7 +1631,7 @@ def test_long_row_unroll_sums(name, size, call, dtype, unroll_sums):
     test_long_row_unroll_sums_group, on a shorter row)."""
     from bench_frozen_norm import VARIANTS, record_backward
     rec = record_backward(name, size, VARIANTS[name][call], dtype)
-    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    launch = _long_bwd_launch(rec)
     N, block_n = launch.constexprs["N"], launch.constexprs["BLOCK_N"]
     assert launch.constexprs["UNROLL_SUMS"] == unroll_sums, (N, block_n)
     assert unroll_sums == (block_n <= fn.LONG_CHUNK_MAX and -(-N // block_n) <= fn.UNROLL_SUMS_MAX_CHUNKS)
@@ -1644,7 +1649,7 @@ def test_long_row_unroll_sums_group(dtype, monkeypatch):
     _group_long_rows_from(64, monkeypatch)
     shape, groups = (2, 3, 64, 64), 1
     rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["all frozen"], dtype)
-    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    launch = _long_bwd_launch(rec)
     assert launch.constexprs["UNROLL_SUMS"] and not launch.constexprs["UNROLL"]
     check_op(OPS["gn"], shape, dtype, ALL_FROZEN["gn"], {"x": True}, groups)
 
@@ -2075,7 +2080,7 @@ def test_group_norm_unroll_sums(size, unroll_sums):
     from bench_frozen_norm import VARIANTS, record_backward
     for call in ("trainable", "frozen w"):   # both trained, or b alone
         rec = record_backward("gn", size, VARIANTS["gn"][call], torch.bfloat16)
-        launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+        launch = _long_bwd_launch(rec)
         steps = -(-size[2] * size[3] // launch.constexprs["BLOCK_HW"])
         assert launch.constexprs["UNROLL_SUMS"] == unroll_sums, (call, steps)
         assert unroll_sums == (steps <= fn.GROUP_SUMS_UNROLL_MAX_STEPS)
@@ -2094,7 +2099,7 @@ def test_group_norm_unroll_sums_values(shape, groups, per_thread, steps, dtype, 
     _group_long_rows_from(64, monkeypatch)
     monkeypatch.setattr(fn, "GROUP_SUM_ELEMENTS_PER_THREAD", per_thread)
     rec = record_backward("gn", (*shape, groups), VARIANTS["gn"]["trainable"], dtype)
-    launch = next(lc for lc in rec.launches if lc.name == "_long_row_norm_bwd_kernel")
+    launch = _long_bwd_launch(rec)
     hw = shape[2] * shape[3]
     assert launch.constexprs["UNROLL_SUMS"] and hw // launch.constexprs["BLOCK_HW"] == steps
     check_op(OPS["gn"], shape, dtype, ALL_TRAIN["gn"], {"x": True}, groups)
