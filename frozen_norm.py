@@ -3349,8 +3349,8 @@ def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device,
     """The long-row kernels' plan for GroupNorm's B * G rows of Cg * HW
     elements, whatever their length, or None where GroupNorm's own kernels
     take them: fewer than GROUP_LONG_ROWS_PER_SM rows per SM, or Cg * HW no
-    multiple of GROUP_LONG_MIN_RUN. The launchers ask `_group_short_rows`
-    first: rows that it plans take the short-row kernels.
+    multiple of GROUP_LONG_MIN_RUN (`_group_row_kernels` prefers the
+    short-row kernels where they take the rows).
     A row that fits one tile is still one program's: the backward's takes the
     warps of its own elements at LOOP_ELEMENTS_PER_THREAD a thread, down to
     one warp and at most the tile's, not the warps of the tile's rows; so
@@ -3366,24 +3366,29 @@ def _group_long_rows(B: int, C: int, HW: int, G: int, device: torch.device,
     return t
 
 
-def _group_short_rows(B: int, C: int, HW: int, G: int, device: torch.device,
-                      backward: bool = False) -> Optional[_RowTiling]:
-    """The plan of GroupNorm's short-row kernels (`_group_rows_fwd_kernel`):
-    the row kernels' tiles of B * G rows of a row's [pow2(Cg), pow2(HW)]
-    block (`_row_tiling`, the forward's or the backward's), [ROWS, BLOCK_C,
-    BLOCK_HW] here. None where that block exceeds GROUP_SHORT_ROW_MAX, or
-    where the long-row kernels take rows of at least GROUP_LONG_ROW_MIN
-    elements that fill the block poorly (PADDED_ROW_FILL) or whose HW is no
-    multiple of GROUP_SHORT_MIN_RUN: their flat row is masked only at its
-    end and loads in vectors."""
+def _group_row_kernels(B: int, C: int, HW: int, G: int, device: torch.device,
+                       backward: bool = False) -> tuple[str, Optional[_RowTiling]]:
+    """Which kernels take GroupNorm's B * G rows of Cg * HW elements, and their
+    plan (the forward's or the backward's): ("short", the short-row
+    kernels' `_RowTiling`), ("long", `_group_long_rows`) or ("own", None),
+    GroupNorm's own kernels.
+
+    The short-row kernels (`_group_rows_fwd_kernel`) take rows whose
+    [pow2(Cg), pow2(HW)] block holds at most GROUP_SHORT_ROW_MAX elements,
+    in the row kernels' tiles of such blocks (`_row_tiling`), [ROWS,
+    BLOCK_C, BLOCK_HW] here; but where the long-row kernels take the rows,
+    they keep those of at least GROUP_LONG_ROW_MIN elements that fill the
+    block poorly (PADDED_ROW_FILL) or whose HW is no multiple of
+    GROUP_SHORT_MIN_RUN: their flat row is masked only at its end and loads
+    in vectors."""
     Cg = C // G
+    long_rows = _group_long_rows(B, C, HW, G, device, backward)
     block = _pow2(Cg) * _pow2(HW)
-    if block > GROUP_SHORT_ROW_MAX:
-        return None
-    tile_loads_poorly = _fills_poorly(Cg * HW, block, PADDED_ROW_FILL) or HW % GROUP_SHORT_MIN_RUN
-    if tile_loads_poorly and Cg * HW >= GROUP_LONG_ROW_MIN and _group_long_rows(B, C, HW, G, device) is not None:
-        return None
-    return _row_tiling(B * G, block, backward=backward)
+    if block <= GROUP_SHORT_ROW_MAX:
+        loads_poorly = _fills_poorly(Cg * HW, block, PADDED_ROW_FILL) or HW % GROUP_SHORT_MIN_RUN
+        if not (loads_poorly and Cg * HW >= GROUP_LONG_ROW_MIN and long_rows is not None):
+            return "short", _row_tiling(B * G, block, backward=backward)
+    return ("long", long_rows) if long_rows is not None else ("own", None)
 
 
 def _group_short_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict:
@@ -3467,16 +3472,15 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
     y, stats = _group_norm_outputs(x, num_groups, t)
     if x3.numel() == 0:
         return y, stats
-    short_rows = _group_short_rows(B, C, HW, num_groups, x.device)
-    if short_rows is not None:
-        _group_rows_fwd_kernel[(short_rows.num_tiles,)](
+    kernels, plan = _group_row_kernels(B, C, HW, num_groups, x.device)
+    if kernels == "short":
+        _group_rows_fwd_kernel[(plan.num_tiles,)](
             x3, y, _vector(weight), _vector(bias), stats, B * num_groups, num_groups, C // num_groups, HW,
             stats.stride(0), float(eps), HAS_B=bias is not None,
-            **_group_short_row_meta(short_rows, C, HW, num_groups, weight))
+            **_group_short_row_meta(plan, C, HW, num_groups, weight))
         return y, stats
-    long_rows = _group_long_rows(B, C, HW, num_groups, x.device)
-    if long_rows is not None:
-        meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
+    if kernels == "long":
+        meta = _group_long_row_meta(plan, C, HW, num_groups, weight)
         L = meta["N"]
         _long_row_norm_fwd_kernel[(B * num_groups,)](   # mean and rstd: columns 0 and 1 of stats
             x3, None, None, y, _vector(weight), _vector(bias), stats[:, 0], stats[:, 1],
@@ -3540,21 +3544,20 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
                          f"returns for this x, got {tuple(stats.shape)} {stats.dtype} on {stats.device}")
     if x3.numel() == 0 or not (compute_dx or trains):
         return dx, (dw.zero_() if compute_dw else None), (db.zero_() if compute_db else None)
-    short_rows = _group_short_rows(B, C, HW, num_groups, x.device, backward=True)
-    long_rows = None if short_rows is not None else _group_long_rows(B, C, HW, num_groups, x.device, backward=True)
-    if short_rows is not None:
+    kernels, plan = _group_row_kernels(B, C, HW, num_groups, x.device, backward=True)
+    if kernels == "short":
         dw_partial, db_partial = _sum_targets(B, dw, db)
-        _group_rows_bwd_kernel[(short_rows.num_tiles,)](
+        _group_rows_bwd_kernel[(plan.num_tiles,)](
             dy3, x3, _vector(weight), stats, dx, dw_partial, db_partial, B * num_groups, num_groups, Cg, HW,
             stats.stride(0), COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
-            **_group_short_row_meta(short_rows, C, HW, num_groups, weight))
-    elif long_rows is not None and compute_dx:
+            **_group_short_row_meta(plan, C, HW, num_groups, weight))
+    elif kernels == "long" and compute_dx:
         # One program per row; its pass 1 sums per group of lanes with w and b
         # frozen (two sums: LONG_WIDE_CHUNK_MAX), per channel (A and D) with
         # either trained; six chunks, not three, at 20481 to 24576
         # (LONG_MIN_CHUNKS), and with either trained up to 40960 where a
         # channel has GROUP_TRAINED_MIN_HW positions (GROUP_TRAINED_MIN_CHUNKS).
-        long_rows = _min_chunks(long_rows, x, Cg * HW,
+        long_rows = _min_chunks(plan, x, Cg * HW,
                                 GROUP_TRAINED_MIN_CHUNKS if trains and HW >= GROUP_TRAINED_MIN_HW else None)
         if not trains:
             long_rows = _wide_chunks(long_rows, x, B * num_groups, Cg * HW)

@@ -1889,15 +1889,23 @@ def _group_kernels(kernels, monkeypatch):
      "short": _group_short_rows_all}[kernels](monkeypatch)
 
 
-def _takes_long_rows(shape, groups):
+def _group_row_kernels(shape, groups):
     B, C = shape[:2]
-    return (fn._group_long_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
-            and not _takes_short_rows(shape, groups))
+    return fn._group_row_kernels(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE))[0]
+
+
+def _takes_long_rows(shape, groups):
+    return _group_row_kernels(shape, groups) == "long"
 
 
 def _takes_short_rows(shape, groups):
-    B, C = shape[:2]
-    return fn._group_short_rows(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE)) is not None
+    return _group_row_kernels(shape, groups) == "short"
+
+
+def _short_rows_plan(B, C, HW, G, backward=False):
+    """The short-row kernels' plan of `_group_row_kernels`, None where other kernels take the rows."""
+    kernels, plan = fn._group_row_kernels(B, C, HW, G, torch.device(DEVICE), backward=backward)
+    return plan if kernels == "short" else None
 
 
 @pytest.mark.parametrize("kernels", ["own", "long", "short"])
@@ -2223,22 +2231,24 @@ def test_group_norm_short_rows_plan():
     from bench_frozen_norm import recording
     device = torch.device(DEVICE)
     many = math.ceil(fn.GROUP_LONG_ROWS_PER_SM * fn._num_sms(device))
-    plan = lambda B, C, HW: fn._group_short_rows(B, C, HW, C, device)   # noqa: E731  (groups of one channel)
+    plan = lambda B, C, HW: _short_rows_plan(B, C, HW, C)   # noqa: E731  (groups of one channel)
     block = fn.GROUP_SHORT_ROW_MAX
     assert plan(4096, 1, block).rows * block == fn.TILE_ELEMENTS      # the forward's tiles of whole rows
     assert plan(1, 1, block) is not None                              # however few rows
     assert plan(many, 1, block + 1) is None                           # a block of 2 * GROUP_SHORT_ROW_MAX
-    assert fn._group_short_rows(1, 6, block // 2, 2, device) is None  # 3 channels of block / 2: [4, block / 2]
+    assert _short_rows_plan(1, 6, block // 2, 2) is None              # 3 channels of block / 2: [4, block / 2]
     poor = block // 2 + 4                                             # fills 0.5 of its block: the long rows'
     assert plan(many, 1, poor) is None and plan(1, 1, poor) is not None   # but with too few rows for them, short
     assert plan(many, 1, block // 2 + 1) is not None                  # an odd row: the long rows would not take it
-    short = lambda Cg, HW: fn._group_short_rows(many, Cg, HW, 1, device)   # noqa: E731  (one group)
+    short = lambda Cg, HW: _short_rows_plan(many, Cg, HW, 1)   # noqa: E731  (one group)
     assert short(16, 50) is None and short(16, 49) is None            # filled, but HW no multiple of 4: long rows
+    assert fn._group_row_kernels(many, 1, poor, 1, device) == ("long", fn._group_long_rows(many, 1, poor, 1, device))
+    assert fn._group_row_kernels(1, 1, block + 1, 1, device) == ("own", None)   # neither: GroupNorm's own kernels
     assert short(16, 64) is not None
     min_row = fn.GROUP_LONG_ROW_MIN
     assert short(2, min_row // 2 - 2) is not None                     # rows under GROUP_LONG_ROW_MIN stay short
     assert short(2, min_row // 2 + 2) is None
-    assert fn._group_short_rows(4096, 1, block, 1, device, backward=True).rows * block == fn.LOOP_TILE_ELEMENTS
+    assert _short_rows_plan(4096, 1, block, 1, backward=True).rows * block == fn.LOOP_TILE_ELEMENTS
 
     B, C, H, W, G = 1024, 64, 8, 8, 32   # 32K rows of 2 channels of 64: 32 rows a forward tile
     x = torch.empty(B, C, H, W, device="meta", dtype=torch.bfloat16)
