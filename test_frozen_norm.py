@@ -3518,7 +3518,10 @@ RANDOM_ROW_LENGTHS = [2, 3, 100, 129, 300, 512, 784, 1000, 1024, 2048, 4096, 500
 
 
 def _random_case(seed):
-    """One drawn configuration: op, shape, dtypes, freeze pattern and layout.
+    """One drawn configuration: op, shape, dtypes, freeze pattern, layout, and
+    whether dy runs along y (`check_op`'s along_y; not with fp16 parameters,
+    whose gradients, sums of dy * xhat over up to 2^18 elements, would then
+    pass fp16's largest value).
     Shapes hold up to 2^22 elements (or one row, one sample), 2^18 where fp16
     is in play: a gradient sum of 0.1-mean dy over more leaves fp16's range.
     Rows of one element are left to their own test (dx there cancels to eps *
@@ -3543,19 +3546,22 @@ def _random_case(seed):
     params = {p: r.choice([TRAIN, FROZEN] + ([ABSENT] if op.absent_ok else [])) for p in op.params}
     inputs = {k: r.random() < 0.8 for k in input_names(op)}
     layout = r.choice(list(LAYOUTS))
-    return pytest.param(name, shape, groups, dtype, param_dtype, params, inputs, layout,
+    along_y = r.random() < 0.5 and (param_dtype or dtype) != torch.float16
+    return pytest.param(name, shape, groups, dtype, param_dtype, params, inputs, layout, along_y,
                         id=f"{seed}-{name}-{'x'.join(map(str, shape))}-{DTYPE_IDS[dtype]}-"
-                           f"{DTYPE_IDS.get(param_dtype, 'same')}-{pattern_id(params, inputs)}-{layout}")
+                           f"{DTYPE_IDS.get(param_dtype, 'same')}-{pattern_id(params, inputs)}-{layout}"
+                           f"{'-along-y' if along_y else ''}")
 
 
 @gpu
-@pytest.mark.parametrize("name, shape, groups, dtype, param_dtype, params, inputs, layout",
+@pytest.mark.parametrize("name, shape, groups, dtype, param_dtype, params, inputs, layout, along_y",
                          [_random_case(seed) for seed in range(48)])
-def test_random_cases(name, shape, groups, dtype, param_dtype, params, inputs, layout):
+def test_random_cases(name, shape, groups, dtype, param_dtype, params, inputs, layout, along_y):
     """Drawn configurations at real sizes, on the GPU only: the CPU tests reach
     the long-row, piped, RELOAD and split plans by lowering their limits, here the
-    real limits and SM count choose them, with other layouts and dtypes."""
-    check_op(OPS[name], shape, dtype, params, inputs, groups, param_dtype, layout=LAYOUTS[layout])
+    real limits and SM count choose them, with other layouts and dtypes, and in
+    about half of them dy along y, so that an error in a row's c1 shows in dx."""
+    check_op(OPS[name], shape, dtype, params, inputs, groups, param_dtype, layout=LAYOUTS[layout], along_y=along_y)
 
 
 # ----------------------------------------------------------------------------
