@@ -2900,6 +2900,9 @@ class LayerNorm(torch.nn.LayerNorm):
 # w[c] * dy * xhat and w[c] * dy per lane and reduces once per row, with no
 # per-channel reduction, no scratch and no second launch.
 #
+# Three sets of kernels take the rows, chosen by the rows' shape and count,
+# in this order of preference (`_group_row_kernels`):
+#
 # Short rows (a block of GROUP_SHORT_ROW_MAX elements, or less, holds one).
 # Several whole rows a program, as the row norms' tiles hold them, with one
 # delta: a row is laid out as [channels, positions], so the tile is [ROWS,
