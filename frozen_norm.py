@@ -102,6 +102,7 @@ first ``import triton``.
 
 import functools
 import math
+import numbers
 from typing import NamedTuple, Optional
 
 import torch
@@ -1073,6 +1074,13 @@ def _check_param(p, name: str, shape: tuple, x: torch.Tensor) -> None:
     _check_tensor(p, name, device=x.device)
     if tuple(p.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(p.shape)}")
+
+
+def _check_real(value, name: str) -> None:
+    """eps or offset: a real number (a Python or NumPy float or int), as the
+    launchers pass it to the kernels through float()."""
+    if type(value) is not float and not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
 
 
 def _check_normalized_shape(x: torch.Tensor, normalized_shape) -> tuple:
@@ -2686,6 +2694,8 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, *, offset=0.0):
     _check_param(weight, "weight", shape, x)
     if eps is None:
         eps = torch.finfo(x.dtype).eps
+    _check_real(eps, "eps")
+    _check_real(offset, "offset")
     return _RMSNormFunction.apply(x, shape, weight, eps, offset)
 
 
@@ -2780,6 +2790,8 @@ def fused_add_rms_norm(x, residual, weight=None, eps=1e-6, *, offset=0.0):
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x must have a non-empty last dim, got shape {tuple(x.shape)}")
     _check_param(weight, "weight", (x.shape[-1],), x)
+    _check_real(eps, "eps")
+    _check_real(offset, "offset")
     return _FusedAddRMSNormFunction.apply(x, residual, weight, eps, offset)
 
 
@@ -2865,6 +2877,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     shape = _check_normalized_shape(x, normalized_shape)
     _check_param(weight, "weight", shape, x)
     _check_param(bias, "bias", shape, x)
+    _check_real(eps, "eps")
     return _LayerNormFunction.apply(x, shape, weight, bias, eps)
 
 
@@ -3632,6 +3645,7 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
         raise ValueError(f"num_groups must be a positive int dividing the {C} channels of x, got {num_groups!r}")
     _check_param(weight, "weight", (C,), x)
     _check_param(bias, "bias", (C,), x)
+    _check_real(eps, "eps")
     return _GroupNormFunction.apply(x, num_groups, weight, bias, eps)
 
 
@@ -4233,6 +4247,7 @@ def poly_norm(x, weight, bias, eps=1e-6):
         raise ValueError(f"weight must have shape (3,), got {tuple(weight.shape)}")
     if bias.numel() != 1 or bias.dim() > 1:
         raise ValueError(f"bias must have shape () or (1,), got {tuple(bias.shape)}")
+    _check_real(eps, "eps")
     return _PolyNormFunction.apply(x, weight, bias, eps)
 
 

@@ -2797,6 +2797,13 @@ BAD_INPUTS = [
     ("poly weight", lambda: fn.poly_norm(_x(4, 8), _x(2), _x(1)), ValueError, "weight must have shape"),
     ("poly bias", lambda: fn.poly_norm(_x(4, 8), _x(3), _x(2)), ValueError, "bias must have shape"),
     ("poly no bias", lambda: fn.poly_norm(_x(4, 8), _x(3), None), TypeError, "bias must be a torch.Tensor"),
+    ("eps string", lambda: fn.layer_norm(_x(4, 8), (8,), eps="1e-5"), TypeError, "eps must be a real number"),
+    ("eps tensor", lambda: fn.group_norm(_x(2, 6, 3), 3, eps=torch.tensor(1e-5)), TypeError, "eps must be a real"),
+    ("rms eps", lambda: fn.rms_norm(_x(4, 8), (8,), eps=[1e-6]), TypeError, "eps must be a real number"),
+    ("fadd eps", lambda: fn.fused_add_rms_norm(_x(4, 8), _x(4, 8), eps=None), TypeError, "eps must be a real"),
+    ("poly eps", lambda: fn.poly_norm(_x(4, 8), _x(3), _x(1), eps="x"), TypeError, "eps must be a real number"),
+    ("offset", lambda: fn.rms_norm(_x(4, 8), (8,), _x(8), offset="1"), TypeError, "offset must be a real number"),
+    ("fadd offset", lambda: fn.fused_add_rms_norm(_x(4, 8), _x(4, 8), offset=None), TypeError, "offset must be"),
 ]
 
 
