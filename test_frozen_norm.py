@@ -1889,17 +1889,18 @@ def _group_kernels(kernels, monkeypatch):
      "short": _group_short_rows_all}[kernels](monkeypatch)
 
 
-def _group_row_kernels(shape, groups):
+def _row_kernels_of(shape, groups):
+    """Which kernels take GroupNorm's rows of x of `shape` ("short", "long" or "own")."""
     B, C = shape[:2]
     return fn._group_row_kernels(B, C, math.prod(shape[2:]), groups, torch.device(DEVICE))[0]
 
 
 def _takes_long_rows(shape, groups):
-    return _group_row_kernels(shape, groups) == "long"
+    return _row_kernels_of(shape, groups) == "long"
 
 
 def _takes_short_rows(shape, groups):
-    return _group_row_kernels(shape, groups) == "short"
+    return _row_kernels_of(shape, groups) == "short"
 
 
 def _short_rows_plan(B, C, HW, G, backward=False):
@@ -3579,7 +3580,8 @@ def test_random_cases(name, shape, groups, dtype, param_dtype, params, inputs, l
     """Drawn configurations at real sizes, on the GPU only: the CPU tests reach
     the long-row, piped, RELOAD and split plans by lowering their limits, here the
     real limits and SM count choose them, with other layouts and dtypes, and in
-    about half of them dy along y, so that an error in a row's c1 shows in dx."""
+    some of them (half of those without fp16 parameters) dy along y, so that an
+    error in a row's c1 shows in dx."""
     check_op(OPS[name], shape, dtype, params, inputs, groups, param_dtype, layout=LAYOUTS[layout], along_y=along_y)
 
 
