@@ -1550,13 +1550,21 @@ def _affine_index(cols, N, HW: tl.constexpr):
     return index, n
 
 
+@triton.jit
+def _in_next_channel(cols, index, HW: tl.constexpr):
+    """Which elements `cols` of groups that may span two channels
+    (`_spans_channels`) lie in the channel after their first one's, `index`
+    (`_affine_index`): those at or past that channel's first element."""
+    return cols >= (index + 1) * HW
+
+
 @triton.constexpr_function
 def _spans_channels(HW, PRESUM):
     """Whether GroupNorm's groups of PRESUM consecutive elements of a long row
     (`_affine_index`) may reach into the channel after their first one's: HW
     is no multiple of PRESUM (then HW >= PRESUM, `_group_long_presum`, so
     two channels at most). Such a group loads w and b of both channels and
-    picks by a select per element, cols >= (index + 1) * HW, instead of
+    picks by a select per element (`_in_next_channel`), instead of
     loading each per element (PRESUM 1, where HW is odd). False for the row
     norms (HW = 0)."""
     return HW > 0 and HW % PRESUM != 0
@@ -1788,7 +1796,8 @@ def _long_row_norm_fwd_kernel(
             # both channels, then a select (selecting w and b first, as the
             # backward selects w, measured slower: NOTES.md, section 6).
             if _spans_channels(HW, PRESUM):
-                y = tl.where(cols >= (index + 1) * HW, _row_affine(xhat, W, B, index + 1, n, OFFSET, HAS_W, HAS_B), y)
+                y = tl.where(_in_next_channel(cols, index, HW),
+                             _row_affine(xhat, W, B, index + 1, n, OFFSET, HAS_W, HAS_B), y)
             tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -2050,7 +2059,7 @@ def _load_x_g(X, DY, W, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVIC
         index, n = _affine_index(cols, N, HW)
         w = _load_scale(W, index, n, OFFSET)
         if _spans_channels(HW, cols.shape[-1]):   # a group's elements in the next channel take its w
-            w = tl.where(cols >= (index + 1) * HW, _load_scale(W, index + 1, n, OFFSET), w)
+            w = tl.where(_in_next_channel(cols, index, HW), _load_scale(W, index + 1, n, OFFSET), w)
         g = g * w
     return x, g
 
