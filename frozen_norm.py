@@ -3589,10 +3589,11 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
         meta = _group_long_row_meta(long_rows, C, HW, num_groups, weight)
         L = meta["N"]
         dw_partial, db_partial = _sum_targets(B, dw, db)
-        tile = _group_long_sum_tile(Cg, L, HW, long_rows)
         if trains:   # pass 1 is the channel sums' loop over HW in tiles of BLOCK_HW
+            tile = _group_long_sum_tile(Cg, L, HW, long_rows)
             unroll_sums = _cdiv(HW, tile["BLOCK_HW"]) <= GROUP_SUMS_UNROLL_MAX_STEPS
-        else:
+        else:   # per-lane sums: no channel tile (one compiled variant whatever the shape's)
+            tile = dict(BLOCK_C=1, BLOCK_HW=1)
             unroll_sums = _unrolled_sums(L, long_rows.block_n)
         _long_row_norm_bwd_kernel[(B * num_groups,)](
             dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
