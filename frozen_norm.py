@@ -2190,7 +2190,7 @@ def _long_row_norm_bwd_kernel(
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_HW] tiles,
     storing A[c], D[c] into row (sample) of the (B, C) fp32 DWp, DBp (with
     B = 1, dw and db themselves: `_sum_targets`). BLOCK_C, BLOCK_HW: that
-    tile (`_group_long_sum_tile`; 1 for the row norms).
+    tile (`_group_long_sum_tile`; 1 where neither trains).
     ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     """
     stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
