@@ -44,7 +44,11 @@ What you will learn by reading it
 * What Triton knows of alignment: its launcher marks integer arguments
   divisible by 16 and no others, so a row of 4104 bf16 elements would load
   one element a lane; `_aligned` declares a smaller power of two (ALIGN)
-  with one integer division and multiply that the compiler can read.
+  with one integer division and multiply that the compiler can read. And
+  rows that no vector fits (an odd length): each read from the 16-byte
+  boundary below it, its masks or-ed with compile-time bounds so that the
+  chunks inside a row keep none, w from copies shifted as far, and the
+  few lanes left at its ends stored one by one (SKEW, `_row_skew`).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -353,6 +357,18 @@ CUDA13_MAX_REGISTERS = 80
 LONG_PRESUM = LONG_ELEMENTS_PER_THREAD
 LONG_BWD_PRESUM_AFTER = 16384
 LONG_FWD_PRESUM_AFTER = 24576
+
+# Rows of an odd length or stride start anywhere against a 16-byte vector,
+# so no vector fits every row and Triton loads them one element a lane. The
+# row norms' long-row kernels read each such row from the vector boundary
+# below it instead, in whole vectors, skew < SKEW lanes early (SKEW,
+# `_row_skew`): lanes outside the row are masked out of sums, stores write
+# the whole vectors inside it, and the at most 2 (SKEW - 1) lanes at its
+# ends go one by one after pass 2; w and b come from SKEW copies shifted by
+# 0 .. SKEW - 1 lanes (`_skewed_copies`, skew times their bytes: the frozen
+# backward's one allocation besides dx). Loading w one element a lane
+# instead costs a layout change through shared memory each chunk, and
+# spilled 1 to 1.2 KB a thread (ptxas, Triton 3.6).
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -1002,6 +1018,45 @@ def _vector_aligned(strides: tuple, size: int, tensors: tuple = ()) -> bool:
             and all(p.data_ptr() % 16 == 0 for p in tensors if p is not None))
 
 
+def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
+    """SKEW of a long-row launch on rows of N elements (row `strides`, 0s
+    skipped, of the `tensors`, None skipped): 0 where they load in 16-byte
+    vectors as they are (`_vector_aligned`), or where the tensors differ in
+    element size, one starts off a 16-byte boundary, or their strides differ
+    modulo such a vector (their rows would lie differently against one).
+    Else, for rows of an odd length or stride (`_align` 1: no vector fits
+    every row), the elements of a 16-byte vector: each row is then read
+    from the vector boundary at or below its start (`_skewed_row`), in
+    whole vectors, and w and b from copies that start as far in
+    (`_skewed_copies`), instead of one element a lane. (Rows of multiples
+    of 2 or 4 elements keep their 4- or 8-byte vectors, ALIGN.)"""
+    tensors = [t for t in tensors if t is not None]
+    size = tensors[0].element_size()
+    vec = 16 // size
+    strides = [s for s in strides if s]
+    if (_vector_aligned((N, *strides), size, tensors) or _align(N, *strides) > 1
+            or any(t.element_size() != size for t in tensors)
+            or any(t.data_ptr() % 16 for t in tensors) or any((s - strides[0]) % vec for s in strides)):
+        return 0
+    return vec
+
+
+def _skewed_copies(v: Optional[torch.Tensor], N: int, skew: int) -> Optional[torch.Tensor]:
+    """For SKEW = skew > 0, w or b (N elements) as `skew` copies of
+    `_skewed_copy_length` L elements each, copy k holding v from lane k on
+    and zeros around it, so that a row read k lanes before its start
+    (`_skewed_row`) finds its w and b lane for lane, in vectors: skew times
+    v's bytes (and a few), one allocation and two launches (zeros, then v
+    written at a stride of L + 1, which puts copy k's start k lanes in).
+    v itself for v None or skew 0."""
+    if v is None or not skew:
+        return v
+    L = _skewed_copy_length(N, skew)
+    copies = v.new_zeros(skew * L)
+    copies.as_strided((skew, N), (L + 1, 1)).copy_(v.reshape(-1))
+    return copies
+
+
 def _row_segment(t: _RowTiling, tensors: tuple, strides: tuple, narrow: bool = True) -> int:
     """SEG of `_segment_tile` for tiles `t` of `tensors` (x first; None
     skipped) of row `strides`: the elements of x a warp loads side by side
@@ -1185,6 +1240,68 @@ def _aligned(v, ALIGN: tl.constexpr):
     if ALIGN > 1:
         v = v // ALIGN * ALIGN
     return v
+
+
+@triton.constexpr_function
+def _skewed_copy_length(N, SKEW):
+    """The row length of `_skewed_copies`: N + SKEW rounded up to 16 elements,
+    so that each row starts on a 16-byte boundary."""
+    return (N + SKEW + 15) // 16 * 16
+
+
+@triton.jit
+def _skewed_row(start, N, SKEW: tl.constexpr):
+    """A row of N elements from element `start` of its tensor, read as SKEW >
+    0 whole vectors (`_row_skew`): (base, skew, n), base = start - skew the
+    SKEW boundary at or below the row (a multiple of SKEW the compiler can
+    see, by `_aligned`'s division and multiply), skew < SKEW lanes to the
+    row's first element, and n = skew + N rounded up to whole vectors, the
+    lanes read. SKEW = 0: (start, 0, N), lane c is element c."""
+    if SKEW:
+        base = start // SKEW * SKEW
+        skew = start - base
+        n = (skew + N + SKEW - 1) // SKEW * SKEW
+    else:
+        base, skew, n = start, 0, N
+    return base, skew, n
+
+
+@triton.jit
+def _skewed_lanes(cols, skew, n, N, SKEW: tl.constexpr):
+    """Masks of lanes `cols` of a row read by `_skewed_row` (its skew and n):
+    (load, inside, body). load: the lanes below n, whole vectors. inside:
+    the row's own elements, lane c holding element c - skew (the other
+    lanes loaded hold a neighbour's elements, or the bytes after the tensor
+    in the same 16-byte line, which never faults: sums and selects must
+    drop them). body: the whole vectors inside the row, what a store may
+    write in vectors; the at most 2 (SKEW - 1) lanes left over,
+    `_skew_edges`, are stored one by one. SKEW = 0: all three cols < N.
+    Each test is or-ed with one on compile-time bounds that implies it
+    (skew < SKEW, n >= N), so that in an unrolled pass the chunks inside
+    every row need no mask at all, as without SKEW."""
+    if SKEW:
+        whole: tl.constexpr = N // SKEW * SKEW
+        load = (cols < whole) | (cols < n)
+        inside = ((cols >= SKEW) | (cols >= skew)) & ((cols < N) | (cols < skew + N))
+        body = (((cols >= SKEW) | (cols >= (skew + SKEW - 1) // SKEW * SKEW))
+                & ((cols < whole) | (cols < (skew + N) // SKEW * SKEW)))
+    else:
+        load = cols < N
+        inside = load
+        body = load
+    return load, inside, body
+
+
+@triton.jit
+def _skew_edges(skew, N, SKEW: tl.constexpr):
+    """The lanes of a skewed row (`_skewed_row`) that `_skewed_lanes`' body
+    leaves out, as [2 * SKEW] lanes and their mask: those from skew up to
+    the first whole vector (none for skew = 0), and those after the last."""
+    e = tl.arange(0, 2 * SKEW)
+    tail = (skew + N) // SKEW * SKEW
+    lanes = tl.where(e < SKEW, e, tail + e - SKEW)
+    mask = tl.where(e < SKEW, (lanes >= skew) & (skew > 0), lanes < skew + N)
+    return lanes, mask
 
 
 @triton.jit
@@ -1644,17 +1761,39 @@ def _row_norm_fwd_kernel(
 
 
 @triton.jit
-def _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL: tl.constexpr):
+def _long_row_chunk(X, R, S, cols, mask, store_mask, HAS_RESIDUAL: tl.constexpr):
     """Pass 1's load of a long-row chunk, in fp32: x, kept in L2 for pass 2
-    (evict_last); with HAS_RESIDUAL, s = x + r, stored to S (and x, r evicted
-    first: pass 2 reads s)."""
+    (evict_last); with HAS_RESIDUAL, s = x + r, stored to S where store_mask
+    (and x, r evicted first: pass 2 reads s)."""
     if HAS_RESIDUAL:
         x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         r = tl.load(R + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         s = (x + r).to(S.dtype.element_ty)
-        tl.store(S + cols, s, mask=mask)
+        tl.store(S + cols, s, mask=store_mask)
         return s.to(tl.float32)
     return tl.load(X + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+
+
+@triton.jit
+def _long_row_y(x, Y, W, B, cols, mask, mean, rstd, N, HW: tl.constexpr, PRESUM: tl.constexpr,
+                OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                SKEW: tl.constexpr):
+    """Pass 2 of the long-row forward on lanes `cols` of x (or s), fp32: y,
+    stored where mask; w and b as `_affine_index` says (HW), or with SKEW
+    lane for lane from their copies (`_skewed_copies`)."""
+    xhat = _xhat(x, mean, rstd, CENTER)
+    if SKEW:
+        index, n = cols, _skewed_copy_length(N, SKEW)
+    else:
+        index, n = _affine_index(cols, N, HW)
+    y = _row_affine(xhat, W, B, index, n, OFFSET, HAS_W, HAS_B)
+    # A group's elements in the next channel take its w and b: y of
+    # both channels, then a select (selecting w and b first, as the
+    # backward selects w, measured slower: NOTES.md, section 6).
+    if _spans_channels(HW, PRESUM):
+        y = tl.where(_in_next_channel(cols, index, HW),
+                     _row_affine(xhat, W, B, index + 1, n, OFFSET, HAS_W, HAS_B), y)
+    tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -1665,7 +1804,7 @@ def _long_row_norm_fwd_kernel(
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr, PRESUM: tl.constexpr, HW: tl.constexpr, APPLY: tl.constexpr, SPLITS: tl.constexpr,
     UNROLL: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr,
 ):
     """Row norm forward of rows longer than ROW_BLOCK_MAX: the delta on
     `_row_norm_fwd_kernel` is that a row no longer fits in registers.
@@ -1705,20 +1844,36 @@ def _long_row_norm_fwd_kernel(
     mean and m2 (not rstd) to pair row % SPLITS of statistics row row //
     SPLITS. Else SPLITS = 1.
     ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
+    SKEW (the row norms' rows of an odd length or stride, `_row_skew`): the
+    elements of a 16-byte vector. Each row is read from the vector boundary
+    at or below its start (`_skewed_row`), its lanes masked by
+    `_skewed_lanes`, so loads and stores stay 16-byte vectors; W and B are
+    then SKEW copies (`_skewed_copies`), and the lanes in no whole vector
+    are stored one by one after pass 2 (`_skew_edges`), FusedAdd's s with
+    them. With CENTER, a group that starts before the row shifts by the
+    row's first element, and a lane counts only its chunks inside the row.
+    0 removes all of it: lane c is element c.
     """
     stride_x, stride_r = _aligned(stride_x, ALIGN), _aligned(stride_r, ALIGN)
     stride_s, stride_y = _aligned(stride_s, ALIGN), _aligned(stride_y, ALIGN)
     row = tl.program_id(0).to(tl.int64)
-    X += row * stride_x
-    Y += row * stride_y
+    base, skew, n = _skewed_row(row * stride_x, N, SKEW)
+    X += base
+    Y += _skewed_row(row * stride_y, N, SKEW)[0]
     if HW > 0:   # GroupNorm: the row's group's channels of w and b
         if HAS_W:
             W += (row % G) * (N // HW)
         if HAS_B:
             B += (row % G) * (N // HW)
+    if SKEW and HAS_W:   # the copies of w and b that start `skew` lanes in
+        W += skew * _skewed_copy_length(N, SKEW)
+    if SKEW and HAS_B:
+        B += skew * _skewed_copy_length(N, SKEW)
     if HAS_RESIDUAL:
-        R += row * stride_r
-        S += row * stride_s
+        R += _skewed_row(row * stride_r, N, SKEW)[0]
+        S += _skewed_row(row * stride_s, N, SKEW)[0]
+    # The lanes a pass walks: the row, and with SKEW the lanes before it in its first vector.
+    LANES: tl.constexpr = N + SKEW - 1 if SKEW else N
     eps = tl.cast(eps, tl.float32)
     lanes = tl.arange(0, BLOCK_N)
     # Pass 1: per-group statistics, a chunk viewed as [BLOCK_N / PRESUM,
@@ -1736,30 +1891,44 @@ def _long_row_norm_fwd_kernel(
     # nothing to s1 and s2, and the code that would add it is left out.
     groups = _lane_groups(BLOCK_N, PRESUM)
     if CENTER:
-        x0 = _long_row_chunk(X, R, S, groups, groups < N, HAS_RESIDUAL)
-        k_v = tl.sum(tl.where(tl.arange(0, PRESUM)[None, :] == 0, x0, 0.0), axis=1)
+        load, inside, body = _skewed_lanes(groups, skew, n, N, SKEW)
+        x0 = _long_row_chunk(X, R, S, groups, load, body, HAS_RESIDUAL)
+        if SKEW:
+            x0 = tl.where(inside, x0, 0.0)
+        first_lane = tl.arange(0, PRESUM)[None, :] == 0
+        k_v = tl.sum(tl.where(first_lane, x0, 0.0), axis=1)
+        if SKEW:   # a group that starts before the row takes k of the row's first element
+            k_row = tl.sum(tl.sum(tl.where(groups == skew, x0, 0.0), axis=1), axis=0)
+            k_v = tl.where(tl.sum(tl.where(first_lane, groups, 0), axis=1) < skew, k_row, k_v)
         if PRESUM == 1:
             s1_v = tl.zeros([BLOCK_N], dtype=tl.float32)
             m2_v = tl.zeros([BLOCK_N], dtype=tl.float32)
         else:
-            d0 = tl.where(groups < N, x0 - k_v[:, None], 0.0)
+            d0 = tl.where(inside, x0 - k_v[:, None], 0.0)
             s1_v = tl.sum(d0, axis=1)
             m2_v = tl.sum(d0 * d0, axis=1)
     else:
         m2_v = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
     first: tl.constexpr = BLOCK_N if CENTER else 0
-    for start in tl.range(first, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N - first, BLOCK_N, UNROLL)):
+    for start in tl.range(first, LANES, BLOCK_N, loop_unroll_factor=_unroll_factor(LANES - first, BLOCK_N, UNROLL)):
         cols = start + groups
-        mask = cols < N
-        x = _long_row_chunk(X, R, S, cols, mask, HAS_RESIDUAL)
+        load, inside, body = _skewed_lanes(cols, skew, n, N, SKEW)
+        x = _long_row_chunk(X, R, S, cols, load, body, HAS_RESIDUAL)
+        if SKEW:
+            x = tl.where(inside, x, 0.0)
         if CENTER:
-            d = tl.where(mask, x - k_v[:, None], 0.0)
+            d = tl.where(inside, x - k_v[:, None], 0.0)
             s1_v += tl.sum(d, axis=1)
             m2_v += tl.sum(d * d, axis=1)
         else:
             m2_v += tl.sum(x * x, axis=1)
     if CENTER:
-        n_v = tl.sum(tl.where(groups < N, (N - 1 - groups) // BLOCK_N + 1, 0), axis=1).to(tl.float32)
+        # The chunks in which each lane holds an element: lane c those of
+        # elements c - skew, c - skew + BLOCK_N, ... below N.
+        n_v = (skew + N - 1 - groups) // BLOCK_N + 1
+        if SKEW:
+            n_v -= (groups < skew).to(tl.int32)
+        n_v = tl.sum(tl.where(groups < skew + N, n_v, 0), axis=1).to(tl.float32)
         # One reciprocal per group, then multiplies, instead of two divisions:
         # a division is several instructions (its range fix-up).
         inv_n_v = 1.0 / tl.maximum(n_v, 1.0)
@@ -1783,22 +1952,17 @@ def _long_row_norm_fwd_kernel(
         # Pass 2, last chunk first (the one most likely still in L2): y.
         if HW > 0:
             lanes = groups   # GroupNorm: w and b per group (`_affine_index`)
-        last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-        for k in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL)):
+        src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
+        last: tl.constexpr = (LANES - 1) // BLOCK_N * BLOCK_N
+        for k in tl.range(0, LANES, BLOCK_N, loop_unroll_factor=_unroll_factor(LANES, BLOCK_N, UNROLL)):
             cols = (last - k) + lanes
-            mask = cols < N
-            src = S if HAS_RESIDUAL else X   # the normalized input: s = x + r, or x
+            mask, _, store = _skewed_lanes(cols, skew, n, N, SKEW)
             x = tl.load(src + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-            xhat = _xhat(x, mean, rstd, CENTER)
-            index, n = _affine_index(cols, N, HW)
-            y = _row_affine(xhat, W, B, index, n, OFFSET, HAS_W, HAS_B)
-            # A group's elements in the next channel take its w and b: y of
-            # both channels, then a select (selecting w and b first, as the
-            # backward selects w, measured slower: NOTES.md, section 6).
-            if _spans_channels(HW, PRESUM):
-                y = tl.where(_in_next_channel(cols, index, HW),
-                             _row_affine(xhat, W, B, index + 1, n, OFFSET, HAS_W, HAS_B), y)
-            tl.store(Y + cols, y.to(Y.dtype.element_ty), mask=mask)
+            _long_row_y(x, Y, W, B, cols, store, mean, rstd, N, HW, PRESUM, OFFSET, CENTER, HAS_W, HAS_B, SKEW)
+        if SKEW:   # the lanes in no whole vector, one by one: s (stored here, from x and r) and y
+            cols, mask = _skew_edges(skew, N, SKEW)
+            x = _long_row_chunk(X, R, S, cols, mask, mask, HAS_RESIDUAL)
+            _long_row_y(x, Y, W, B, cols, mask, mean, rstd, N, HW, PRESUM, OFFSET, CENTER, HAS_W, HAS_B, SKEW)
 
 
 @triton.jit
@@ -2048,14 +2212,21 @@ def _row_norm_bwd_kernel(
 
 @triton.jit
 def _load_x_g(X, DY, W, cols, N, OFFSET: tl.constexpr, HAS_W: tl.constexpr, EVICT: tl.constexpr,
-              HW: tl.constexpr):
+              HW: tl.constexpr, skew, n_lanes, SKEW: tl.constexpr):
     """x and g = dy * (o + w) of a chunk of one row of N, in fp32; x and dy
     loaded with the eviction policy EVICT; w as `_affine_index` says (HW).
-    Lanes past N have x = g = 0, so they add nothing to sums of g or x * g."""
-    mask = cols < N
+    Lanes past N have x = g = 0, so they add nothing to sums of g or x * g.
+    With SKEW the row is read by `_skewed_row` (its skew and n_lanes), and
+    so are the copies of w (`_row_skew`): lanes outside the row are 0 too."""
+    mask, inside, _ = _skewed_lanes(cols, skew, n_lanes, N, SKEW)
     x = tl.load(X + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     g = tl.load(DY + cols, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
-    if HAS_W:
+    if SKEW:
+        x = tl.where(inside, x, 0.0)
+        g = tl.where(inside, g, 0.0)
+        if HAS_W:
+            g = g * _load_scale(W, cols, _skewed_copy_length(N, SKEW), OFFSET)
+    elif HAS_W:
         index, n = _affine_index(cols, N, HW)
         w = _load_scale(W, index, n, OFFSET)
         if _spans_channels(HW, cols.shape[-1]):   # a group's elements in the next channel take its w
@@ -2135,7 +2306,7 @@ def _long_row_norm_bwd_kernel(
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr, UNROLL_SUMS: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -2185,6 +2356,10 @@ def _long_row_norm_bwd_kernel(
     UNROLL_SUMS_MAX_CHUNKS), or with COMPUTE_DW or COMPUTE_DB the channel
     sums' tiles over a block of channels' HW positions (see
     GROUP_SUMS_UNROLL_MAX_STEPS); False leaves its loop to the compiler.
+    SKEW: as in `_long_row_norm_fwd_kernel` (the row norms' only): rows of
+    DY, X, DS, DX read and written in whole vectors from the boundary below
+    each, W a copy per skew, x and g zeroed outside the row (`_load_x_g`),
+    the lanes in no whole vector stored one by one after pass 2. 0 removes it.
     COMPUTE_DW, COMPUTE_DB: GroupNorm's rows only (False for the row norms,
     which removes the code). With either, pass 1 goes by channels instead of
     per lane: `_group_channel_sums` over [BLOCK_C, BLOCK_HW] tiles,
@@ -2196,13 +2371,18 @@ def _long_row_norm_bwd_kernel(
     stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
     row = tl.program_id(0).to(tl.int64)
-    X += row * stride_x
-    DY += row * stride_dy
-    DX += row * stride_dx
+    base, skew, n = _skewed_row(row * stride_x, N, SKEW)
+    X += base
+    DY += _skewed_row(row * stride_dy, N, SKEW)[0]
+    DX += _skewed_row(row * stride_dx, N, SKEW)[0]
     if HAS_DS:
-        DS += row * stride_ds
+        DS += _skewed_row(row * stride_ds, N, SKEW)[0]
     if HW > 0 and HAS_W:   # GroupNorm: the row's group's channels of w
         W += (row % G) * (N // HW)
+    if SKEW and HAS_W:   # the copy of w that starts `skew` lanes in
+        W += skew * _skewed_copy_length(N, SKEW)
+    # The lanes a pass walks: the row, and with SKEW the lanes before it in its first vector.
+    LANES: tl.constexpr = N + SKEW - 1 if SKEW else N
     rstd = tl.load(Rstd + row * stride_stats)
     mean = 0.0
     if CENTER:
@@ -2227,8 +2407,9 @@ def _long_row_norm_bwd_kernel(
         sum_x_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
         if CENTER:
             sum_g = tl.zeros([BLOCK_N // PRESUM], dtype=tl.float32)
-        for start in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL or UNROLL_SUMS)):
-            x, g = _load_x_g(X, DY, W, start + sum_lanes, N, OFFSET, HAS_W, "evict_last", HW)
+        for start in tl.range(0, LANES, BLOCK_N,
+                              loop_unroll_factor=_unroll_factor(LANES, BLOCK_N, UNROLL or UNROLL_SUMS)):
+            x, g = _load_x_g(X, DY, W, start + sum_lanes, N, OFFSET, HAS_W, "evict_last", HW, skew, n, SKEW)
             sum_x_g += tl.sum(x * g, axis=1)
             if CENTER:
                 sum_g += tl.sum(g, axis=1)
@@ -2248,15 +2429,26 @@ def _long_row_norm_bwd_kernel(
     k1, k0 = _dx_constants(c1, c2, mean, rstd, CENTER)
     if HW > 0:
         lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
-    last: tl.constexpr = (N - 1) // BLOCK_N * BLOCK_N
-    for k in tl.range(0, N, BLOCK_N, loop_unroll_factor=_unroll_factor(N, BLOCK_N, UNROLL)):
+    last: tl.constexpr = (LANES - 1) // BLOCK_N * BLOCK_N
+    for k in tl.range(0, LANES, BLOCK_N, loop_unroll_factor=_unroll_factor(LANES, BLOCK_N, UNROLL)):
         cols = (last - k) + lanes
-        mask = cols < N
-        x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW)
-        dx = g * rstd + (x * k1 + k0)
-        if HAS_DS:
-            dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
+        mask, _, body = _skewed_lanes(cols, skew, n, N, SKEW)
+        _long_row_dx(x, g, DS, DX, cols, mask, body, rstd, k1, k0, HAS_DS)
+    if SKEW:   # the lanes in no whole vector, one by one
+        cols, mask = _skew_edges(skew, N, SKEW)
+        x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
+        _long_row_dx(x, g, DS, DX, cols, mask, mask, rstd, k1, k0, HAS_DS)
+
+
+@triton.jit
+def _long_row_dx(x, g, DS, DX, cols, mask, store_mask, rstd, k1, k0, HAS_DS: tl.constexpr):
+    """Pass 2 of the long-row backward on lanes `cols`: dx = rstd * g + k1 *
+    x + k0 (+ ds, loaded where mask), stored where store_mask."""
+    dx = g * rstd + (x * k1 + k0)
+    if HAS_DS:
+        dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -2363,9 +2555,11 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
                                              N_CONST=N if vec else 0, VEC=vec,
                                              maxnreg=_forward_register_cap(t, x, N, vec, center), **meta)
     else:
+        skew = _row_skew(N, strides, (x, residual, s, y))
+        args = (x, residual, s, y, _skewed_copies(weight, N, skew), _skewed_copies(bias, N, skew), mean, rstd)
         _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
-                                        SPLITS=1, UNROLL=_unrolled(N, t.block_n), **meta)
+                                        SPLITS=1, UNROLL=_unrolled(N, t.block_n), SKEW=skew, **meta)
     return y, s, mean, rstd
 
 
@@ -2551,12 +2745,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                    else LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
             if mean is None and vec16 and _TRITON_VERSION >= PIPED_ALL_TRITON:
                 cap = _ptxas_cap(cap, t, N, ds is not None, rms_frozen)
+            skew = _row_skew(N, strides, (dy, x, ds, dx))
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
-                dy, x, weight, mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N, OFFSET=float(offset), **flags,
+                dy, x, _skewed_copies(weight, N, skew), mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N,
+                OFFSET=float(offset), **flags,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1, BLOCK_HW=1,
                 JOINT=mean is not None and _holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
-                UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap,
+                UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap, SKEW=skew,
                 enable_fp_fusion=FP_FUSION)
         if beside:
             share = DW_BESIDE_RMS_PROGRAMS_PER_SM if mean is None and ds is None else DW_BESIDE_PROGRAMS_PER_SM
@@ -3463,7 +3659,7 @@ def _group_long_row_meta(t: _RowTiling, C: int, HW: int, G: int, weight) -> dict
     rows of N = Cg * HW (plan `t`)."""
     N = C // G * HW
     return dict(N=N, OFFSET=0.0, CENTER=True, HAS_W=weight is not None, BLOCK_N=t.block_n,
-                PRESUM=_group_long_presum(N, HW, t), HW=HW, UNROLL=_unrolled(N, t.block_n), ALIGN=_align(N),
+                PRESUM=_group_long_presum(N, HW, t), HW=HW, UNROLL=_unrolled(N, t.block_n), ALIGN=_align(N), SKEW=0,
                 num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
 
 
@@ -3534,7 +3730,7 @@ def group_norm_forward(x, num_groups, weight=None, bias=None, eps=1e-5):
             x3, None, None, y, None, None, stats[:, 2], stats[:, 3], piece, 0, 0, 0, stats.stride(0), 1,
             float(eps), N=piece, OFFSET=0.0, CENTER=True, HAS_RESIDUAL=False, HAS_W=False, HAS_B=False,
             BLOCK_N=plan.block_n, PRESUM=_long_forward_presum(piece, 2), HW=0, APPLY=False,
-            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), ALIGN=_align(piece),
+            SPLITS=t.splits * t.pieces, UNROLL=_unrolled(piece, plan.block_n), ALIGN=_align(piece), SKEW=0,
             num_warps=plan.num_warps, enable_fp_fusion=FP_FUSION)
     else:
         launch(DO_STATS=True, DO_APPLY=False)

@@ -128,6 +128,15 @@ def rel_error(out, ref):
     return (torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref)).item()
 
 
+def elementwise_error(out, ref):
+    """The largest error of one element, against its reference's size plus
+    the mean size: one wrong element among thousands fails it, where
+    `rel_error` would average it away."""
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(out).all(), "non-finite values"
+    return ((out - ref).abs() / (ref.abs() + ref.abs().mean())).max().item()
+
+
 def randn(*shape, dtype=torch.float32, scale=1.0, shift=0.0):
     return (torch.randn(*shape, dtype=torch.float64) * scale + shift).to(dtype).to(DEVICE)
 
@@ -259,13 +268,16 @@ def grad_outputs(outs):
     return [randn(*o.shape, dtype=o.dtype, shift=0.1) for o in outs]
 
 
-def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, layout=None, along_y=False, **kw):
+def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, layout=None, along_y=False,
+             elementwise=False, **kw):
     """Forward and backward of one configuration against float64; returns the
     inputs used. `layout`, if given, makes each input a differently laid out
     tensor of the same values (`LAYOUTS`). `along_y`: each output's gradient
     is the output plus noise, not noise alone, so that a row's sum of xhat * g
     (c1) is large and an error in it shows in dx (with dy independent of y, c1
-    is about N^-1/2 of g and hides under 16-bit tolerances)."""
+    is about N^-1/2 of g and hides under 16-bit tolerances). `elementwise`:
+    the outputs and the inputs' gradients also element by element
+    (`elementwise_error`)."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
     if layout is not None:
         for k in input_names(op):
@@ -276,6 +288,8 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
     for out, ref in zip(outs, refs):
         assert out.dtype == dtype and out.shape == d["x"].shape
         assert rel_error(out, ref) < tol, f"output error {rel_error(out, ref):.2e}"
+        if elementwise:
+            assert elementwise_error(out, ref) < tol, f"output error {elementwise_error(out, ref):.2e} (an element)"
     leaves = [k for k, v in d.items() if isinstance(v, torch.Tensor) and v.requires_grad]
     if not leaves:
         assert not any(o.requires_grad for o in outs)
@@ -296,6 +310,9 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
             err = rel_error(v.grad, d64[k].grad)
             # a gradient is rounded to its own dtype, which may be coarser than x's
             assert err < 2 * max(tol, TOLERANCE[v.dtype]), f"d{k} error {err:.2e}"
+            if elementwise and v.shape == d["x"].shape:
+                err = elementwise_error(v.grad, d64[k].grad)
+                assert err < 2 * tol, f"d{k} error {err:.2e} (an element)"
         else:
             assert v.grad is None, f"frozen {k} got a gradient"
     return d
@@ -1366,6 +1383,50 @@ def test_aligned_rows(name, N, extra, align):
         check_op(OPS[name], (3, N), torch.bfloat16, params, _with_grads(name), layout=layout)
 
 
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("N, extra, dtype, skew", [
+    (8195, 0, torch.bfloat16, 8),    # the long-row forward (RMSNorm, LayerNorm) and backward
+    (4097, 0, torch.float32, 4),     # fp32: vectors of 4 elements; the backward's padded long rows
+    (24577, 0, torch.bfloat16, 8),   # pre-summed: LayerNorm's forward, every backward
+    (8195, 8, torch.bfloat16, 8),    # a row stride of N + 8: every row lies as without it
+    (8195, 1, torch.bfloat16, 0)])   # a stride of N + 1: x's rows and y's lie apart, one element a lane
+def test_skewed_rows(name, N, extra, dtype, skew, monkeypatch):
+    """Rows of an odd length or stride launch the long-row kernels with SKEW
+    the elements of a 16-byte vector (`_row_skew`), unless their tensors'
+    rows lie differently against the vectors (recorded on meta tensors);
+    nine rows start at every lane of a vector. Against float64, trained,
+    frozen and without parameters, the outputs and dx element by element: a
+    lane left out of both the whole vectors and the edges (`_skew_edges`)
+    would show. FusedAdd's forward takes these rows over chunks too."""
+    monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", fn.ROW_BLOCK_MAX)
+    launches = [lc for lc in _row_launches(name, N, N + extra, dtype=dtype) if lc.name.startswith("_long_row")]
+    assert launches and {lc.constexprs["SKEW"] for lc in launches} == {skew}, [lc.name for lc in launches]
+    if N > fn.ROW_BLOCK_MAX:
+        assert "_long_row_norm_fwd_kernel" in {lc.name for lc in launches}
+    layout = (lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], N + extra)[..., :N])) if extra else None
+    absent = {p: ABSENT for p in ALL_TRAIN[name]}   # without w, nothing zeroes g on the lanes outside a row
+    for params in (ALL_TRAIN[name], ALL_FROZEN[name], absent):
+        check_op(OPS[name], (9, N), dtype, params, _with_grads(name), layout=layout, elementwise=True)
+
+
+def test_row_skew_rule():
+    """`_row_skew` on real tensors: 16 bytes' worth of elements for odd rows
+    whose tensors start on a 16-byte boundary and whose strides agree
+    modulo a vector; 0 for rows already in vectors, rows of a multiple of 2
+    or 4 (ALIGN's narrower vectors), a tensor off a boundary, mixed element
+    sizes or strides that differ modulo a vector."""
+    bf16 = torch.empty(4, 1001, dtype=torch.bfloat16)
+    assert fn._row_skew(1001, (1001, 1001), (bf16, bf16)) == 8
+    assert fn._row_skew(1001, (1001,), (bf16.float(),)) == 4
+    assert fn._row_skew(1001, (1009, 1001), (bf16, bf16)) == 8   # 1009 = 1001 + 8
+    assert fn._row_skew(1001, (1002, 1001), (bf16, bf16)) == 0
+    assert fn._row_skew(1024, (1024,), (bf16,)) == 0
+    assert fn._row_skew(1002, (1002,), (bf16,)) == 0
+    assert fn._row_skew(1001, (1001, 1001), (bf16, bf16.float())) == 0
+    off = torch.empty(4 * 1001 + 1, dtype=torch.bfloat16)[1:].view(4, 1001)
+    assert off.data_ptr() % 16 and fn._row_skew(1001, (1001, 1001), (bf16, off)) == 0
+
+
 @pytest.mark.parametrize("shape, groups, align, long_align", [
     ((2, 4, 10, 10), 2, 4, 8), ((2, 4, 5, 40), 2, 8, 1), ((2, 8, 14, 14), 4, 4, 8),   # HW 100, 200, 196
     ((3, 6, 7, 7), 3, 1, 2), ((2, 4, 8, 8), 2, 1, 1), ((3, 3, 7, 7), 3, 1, None)])  # HW 49 (odd), 64; rows of 49
@@ -1844,6 +1905,23 @@ def test_layer_norm_large_mean(row_block_max, presum, monkeypatch):
     x = randn(16, 3000, scale=1.0, shift=1000.0).requires_grad_()
     check = fn.layer_norm(x, (3000,))
     ref = fn.layer_norm_reference(x.detach().double().cpu(), (3000,))
+    assert rel_error(check, ref) < 1e-3
+
+
+@pytest.mark.parametrize("presum", [False, True], ids=["per-lane", "presum"])
+def test_layer_norm_large_mean_skewed(presum, monkeypatch):
+    """Skewed rows (`_row_skew`; fp32, odd) over chunks, on a mean of 1e4
+    over a spread of 1: a group's shift k comes from the row's first
+    element where the group starts before the row (in the lanes of its
+    first vector), not from a 0 there, whose sums would cancel."""
+    from bench_frozen_norm import recording
+    _long_rows_from(512, monkeypatch, presum)
+    x = randn(9, 3001, scale=1.0, shift=1e4).requires_grad_()
+    with recording() as rec:   # on meta tensors: it records the launches, runs none
+        fn.layer_norm_forward(x.detach().to("meta"), (3001,))
+    assert [lc.constexprs["SKEW"] for lc in rec.launches] == [4]
+    check = fn.layer_norm(x, (3001,))
+    ref = fn.layer_norm_reference(x.detach().double().cpu(), (3001,))
     assert rel_error(check, ref) < 1e-3
 
 
@@ -2559,6 +2637,21 @@ def test_frozen_backward_allocates_only_input_grads(name, shape, groups, monkeyp
     assert scratch >= min_scratch, rec.allocations
 
 
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+def test_frozen_skewed_backward_allocations(name):
+    """The one exception to the above, bounded: the frozen backward of rows
+    no 16-byte vector fits (odd, fp32 here: SKEW 4) allocates, besides the
+    gradients it returns, SKEW copies of w (`_skewed_copies`), which let it
+    load w, x and dy in vectors; nothing else, and nothing where w is absent."""
+    N, skew = 8195, 4
+    L = fn._skewed_copy_length(N, skew)
+    rec, grad_bytes = backward_allocations(OPS[name], (9, N), None, ALL_FROZEN[name], _with_grads(name))
+    assert rec.allocated_bytes == grad_bytes + skew * L * 4, rec.allocations
+    absent = {p: ABSENT for p in ALL_TRAIN[name]}
+    rec, grad_bytes = backward_allocations(OPS[name], (9, N), None, absent, _with_grads(name))
+    assert rec.allocated_bytes == grad_bytes, rec.allocations
+
+
 @pytest.mark.parametrize("name, path, shape, groups", [pytest.param(*p, id=f"{p[0]}-{p[1]}") for p in KERNEL_PATHS])
 def test_backward_flags_follow_needs_input_grad(name, path, shape, groups, monkeypatch):
     """Under every freeze pattern, on every kernel path: no backward launch
@@ -2598,12 +2691,15 @@ ONE_ROW_OF_SUMS = [
 def test_one_row_of_sums_is_the_gradient(name, size, one_row):
     """A trained backward at H200 sizes (launches recorded, not run): where
     its kernel leaves one row of sums it allocates nothing but the gradients
+    (and, for odd bf16 rows, the dx kernel's 8 copies of w: `_skewed_copies`)
     and launches no reduction; elsewhere it does both."""
     from bench_frozen_norm import VARIANTS, _grad_bytes, record_backward
     want = VARIANTS[name]["trainable"]
     rec = record_backward(name, size, want)
     names = [lc.name for lc in rec.launches]
-    scratch = rec.allocated_bytes - _grad_bytes(name, size, want)
+    N = size[-1]
+    copies = 8 * fn._skewed_copy_length(N, 8) * 2 if name != "gn" and N % 2 else 0
+    scratch = rec.allocated_bytes - _grad_bytes(name, size, want) - copies
     if one_row:
         assert scratch == 0 and "_sum_partials_kernel" not in names, (names, rec.allocations)
     else:
