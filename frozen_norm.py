@@ -368,7 +368,7 @@ LONG_FWD_PRESUM_AFTER = 24576
 # 0 .. SKEW - 1 lanes (`_skewed_copies`, skew times their bytes: the frozen
 # backward's one allocation besides dx). Loading w one element a lane
 # instead costs a layout change through shared memory each chunk, and
-# spilled 1 to 1.2 KB a thread (ptxas, Triton 3.6).
+# spilled 1072 to 1256 bytes a thread (ptxas, Triton 3.6).
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
