@@ -1020,23 +1020,23 @@ def _vector_aligned(strides: tuple, size: int, tensors: tuple = ()) -> bool:
 
 def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
     """SKEW of a long-row launch on rows of N elements (row `strides`, 0s
-    skipped, of the `tensors`, None skipped): 0 where they load in 16-byte
-    vectors as they are (`_vector_aligned`), or where the tensors differ in
-    element size, one starts off a 16-byte boundary, or their strides differ
-    modulo such a vector (their rows would lie differently against one).
-    Else, for rows of an odd length or stride (`_align` 1: no vector fits
-    every row), the elements of a 16-byte vector: each row is then read
-    from the vector boundary at or below its start (`_skewed_row`), in
-    whole vectors, and w and b from copies that start as far in
-    (`_skewed_copies`), instead of one element a lane. (Rows of multiples
-    of 2 or 4 elements keep their 4- or 8-byte vectors, ALIGN.)"""
+    skipped, of the `tensors`, None skipped). Where N and the strides have
+    an odd common divisor, no vector fits every row; then, if the tensors
+    share an element size, each starts on a 16-byte boundary and their
+    strides agree modulo a 16-byte vector (their rows lie alike against
+    one), the elements of such a vector: each row is read whole vectors at
+    a time, starting at the boundary at or below it (`_skewed_row`), and w
+    and b from copies that start as far in (`_skewed_copies`), instead of
+    one element a lane. Else 0: rows of multiples of 2, 4 or 8 elements
+    keep ALIGN's vectors (`_align`), and so do the multiples of 16."""
+    strides = [s for s in strides if s]
+    if math.gcd(N, *strides) % 2 == 0:
+        return 0
     tensors = [t for t in tensors if t is not None]
     size = tensors[0].element_size()
     vec = 16 // size
-    strides = [s for s in strides if s]
-    if (_vector_aligned((N, *strides), size, tensors) or _align(N, *strides) > 1
-            or any(t.element_size() != size for t in tensors)
-            or any(t.data_ptr() % 16 for t in tensors) or any((s - strides[0]) % vec for s in strides)):
+    if (any(t.element_size() != size or t.data_ptr() % 16 for t in tensors)
+            or any((s - strides[0]) % vec for s in strides)):
         return 0
     return vec
 
@@ -1249,6 +1249,23 @@ def _skewed_copy_length(N, SKEW):
     return (N + SKEW + 15) // 16 * 16
 
 
+@triton.constexpr_function
+def _lanes_walked(N, SKEW):
+    """The lanes a long-row pass walks: the row's N, and with SKEW the
+    lanes before it in its first vector (at most SKEW - 1)."""
+    return N + SKEW - 1 if SKEW else N
+
+
+@triton.jit
+def _skewed_base(start, SKEW: tl.constexpr):
+    """`start` (a row's first element) rounded down to a multiple of SKEW that
+    the compiler can see (`_aligned`'s division and multiply); start itself
+    for SKEW = 0."""
+    if SKEW:
+        start = start // SKEW * SKEW
+    return start
+
+
 @triton.jit
 def _skewed_row(start, N, SKEW: tl.constexpr):
     """A row of N elements from element `start` of its tensor, read as SKEW >
@@ -1257,12 +1274,12 @@ def _skewed_row(start, N, SKEW: tl.constexpr):
     see, by `_aligned`'s division and multiply), skew < SKEW lanes to the
     row's first element, and n = skew + N rounded up to whole vectors, the
     lanes read. SKEW = 0: (start, 0, N), lane c is element c."""
+    base = _skewed_base(start, SKEW)
     if SKEW:
-        base = start // SKEW * SKEW
         skew = start - base
         n = (skew + N + SKEW - 1) // SKEW * SKEW
     else:
-        base, skew, n = start, 0, N
+        skew, n = 0, N
     return base, skew, n
 
 
@@ -1859,7 +1876,7 @@ def _long_row_norm_fwd_kernel(
     row = tl.program_id(0).to(tl.int64)
     base, skew, n = _skewed_row(row * stride_x, N, SKEW)
     X += base
-    Y += _skewed_row(row * stride_y, N, SKEW)[0]
+    Y += _skewed_base(row * stride_y, SKEW)
     if HW > 0:   # GroupNorm: the row's group's channels of w and b
         if HAS_W:
             W += (row % G) * (N // HW)
@@ -1870,10 +1887,9 @@ def _long_row_norm_fwd_kernel(
     if SKEW and HAS_B:
         B += skew * _skewed_copy_length(N, SKEW)
     if HAS_RESIDUAL:
-        R += _skewed_row(row * stride_r, N, SKEW)[0]
-        S += _skewed_row(row * stride_s, N, SKEW)[0]
-    # The lanes a pass walks: the row, and with SKEW the lanes before it in its first vector.
-    LANES: tl.constexpr = N + SKEW - 1 if SKEW else N
+        R += _skewed_base(row * stride_r, SKEW)
+        S += _skewed_base(row * stride_s, SKEW)
+    LANES: tl.constexpr = _lanes_walked(N, SKEW)
     eps = tl.cast(eps, tl.float32)
     lanes = tl.arange(0, BLOCK_N)
     # Pass 1: per-group statistics, a chunk viewed as [BLOCK_N / PRESUM,
@@ -2373,16 +2389,15 @@ def _long_row_norm_bwd_kernel(
     row = tl.program_id(0).to(tl.int64)
     base, skew, n = _skewed_row(row * stride_x, N, SKEW)
     X += base
-    DY += _skewed_row(row * stride_dy, N, SKEW)[0]
-    DX += _skewed_row(row * stride_dx, N, SKEW)[0]
+    DY += _skewed_base(row * stride_dy, SKEW)
+    DX += _skewed_base(row * stride_dx, SKEW)
     if HAS_DS:
-        DS += _skewed_row(row * stride_ds, N, SKEW)[0]
+        DS += _skewed_base(row * stride_ds, SKEW)
     if HW > 0 and HAS_W:   # GroupNorm: the row's group's channels of w
         W += (row % G) * (N // HW)
     if SKEW and HAS_W:   # the copy of w that starts `skew` lanes in
         W += skew * _skewed_copy_length(N, SKEW)
-    # The lanes a pass walks: the row, and with SKEW the lanes before it in its first vector.
-    LANES: tl.constexpr = N + SKEW - 1 if SKEW else N
+    LANES: tl.constexpr = _lanes_walked(N, SKEW)
     rstd = tl.load(Rstd + row * stride_stats)
     mean = 0.0
     if CENTER:
