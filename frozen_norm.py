@@ -369,6 +369,16 @@ LONG_FWD_PRESUM_AFTER = 24576
 # backward's one allocation besides dx). Loading w one element a lane
 # instead costs a layout change through shared memory each chunk, and
 # spilled 1072 to 1256 bytes a thread (ptxas, Triton 3.6).
+# Such rows that a tile would hold take the long-row kernels too, in the
+# forwards and in the backwards that train nothing (`_row_tiling`'s
+# `skewed`): a program a row in vectors against a tile of rows one element
+# a lane. From SKEW_TILE_ROW_MIN elements on; FusedAdd's later, its tiles
+# measured faster on shorter odd rows (NOTES.md, section 6): its forward's
+# from SKEW_RESIDUAL_FWD_ROW_MIN, its backward's with ds from
+# SKEW_RESIDUAL_BWD_ROW_MIN.
+SKEW_TILE_ROW_MIN = 512
+SKEW_RESIDUAL_FWD_ROW_MIN = 4096
+SKEW_RESIDUAL_BWD_ROW_MIN = 1024
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -883,7 +893,7 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
                 elements_per_thread: Optional[int] = None, padded_long: bool = False,
                 padded_tile: bool = False, padded_min: Optional[int] = None,
                 long_floor: Optional[int] = None, padded_floor: Optional[int] = None,
-                chunk_max: Optional[int] = None) -> _RowTiling:
+                chunk_max: Optional[int] = None, skewed: bool = False) -> _RowTiling:
     """Tiles for the row kernels: the forward's (TILE_ELEMENTS and
     ELEMENTS_PER_THREAD), or with `backward` the backward's, which its
     persistent grid loops over and its frozen per-tile grid keeps
@@ -896,7 +906,9 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     Rows past `block_max` take chunks of up to LONG_CHUNK_MAX (or `chunk_max`)
     and halve them once at most where that pads the row less, or with
     `long_floor` down to that length; padded rows down to LONG_CHUNK_MIN, or
-    `padded_floor`."""
+    `padded_floor`. With `skewed` (rows read skewed, SKEW_TILE_ROW_MIN),
+    rows that would take a tile take the plan of rows just past `block_max`
+    instead."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
@@ -905,9 +917,12 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     if padded_long or padded_tile:
         padded = (PADDED_ROW_FILL, (padded_min or PADDED_ROW_MIN) if padded_long else None,
                   (PADDED_TILE_WARPS, PADDED_WARP_ROW_MAX) if padded_tile else None, padded_floor)
-    return _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept,
-                              (LONG_CHUNK_MIN, chunk_max or LONG_CHUNK_MAX, long_floor), LONG_MIN_CHUNKS,
-                              LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
+    limits = ((LONG_CHUNK_MIN, chunk_max or LONG_CHUNK_MAX, long_floor), LONG_MIN_CHUNKS,
+              LONG_ELEMENTS_PER_THREAD, (MIN_WARPS, MAX_WARPS), padded)
+    t = _row_tiling_cached(M, N, block_max or ROW_BLOCK_MAX, tile_elements, ept, *limits)
+    if skewed and t.one_pass:
+        t = _row_tiling_cached(M, N, N - 1, tile_elements, ept, *limits)
+    return t
 
 
 @functools.lru_cache(maxsize=4096)   # the autograd wrapper runs every step: plan each shape once
@@ -2547,32 +2562,35 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         residual, _, stride_r = _as_rows(residual, N)
     if M == 0:
         return y, s, mean, rstd
+    strides = (stride_x, stride_r, 0 if s is None else N, N)
+    skew = _row_skew(N, strides, (x, residual, s, y))
+    # Odd rows a tile would hold, in the long-row kernel (SKEW_TILE_ROW_MIN, SKEW_RESIDUAL_FWD_ROW_MIN).
+    skewed = skew > 0 and N >= (SKEW_TILE_ROW_MIN if residual is None else SKEW_RESIDUAL_FWD_ROW_MIN)
     if residual is None:
         t, vec = _narrow_forward(x, M, N, stride_x, center)   # one tile in narrower vectors, or:
         if not vec:
             # PADDED_TILE_WARPS for LayerNorm's padded rows, RMS_PADDED_CHUNK_MIN for RMSNorm's.
-            plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center))
+            plan = dict(padded_long=True, padded_tile=center, padded_floor=_padded_floor(x, center),
+                        skewed=skewed)
             # Long rows: LayerNorm's two sums by WHOLE_MAX_CHUNKS, RMSNorm's one by LONG_WIDE_CHUNK_MAX.
             t = (_few_whole_chunks if center else _wide_chunks)(_row_tiling(M, N, **plan), x, M, N, **plan)
             t = _unhalved_chunks(t, x, N, 2 if center else 1)   # HALVED_MAX_CHUNKS
             if center:   # LayerNorm's padded tiles of short rows: N_CONST, NARROW_VEC_ELEMENTS
                 vec = _short_narrow_vec(t, N, (x,), (stride_x,))
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX), 16-byte vectors; one sum
-        plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX)
+        plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX, skewed=skewed)
         t, vec = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), 0
-    args = (x, residual, s, y, weight, bias, mean, rstd)
-    strides = (stride_x, stride_r, 0 if s is None else N, N)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
                 enable_fp_fusion=FP_FUSION)
     if t.one_pass:
-        _row_norm_fwd_kernel[(t.num_tiles,)](*args, M, N, *strides, float(eps), ROWS=t.rows,
-                                             N_CONST=N if vec else 0, VEC=vec,
+        _row_norm_fwd_kernel[(t.num_tiles,)](x, residual, s, y, weight, bias, mean, rstd, M, N, *strides,
+                                             float(eps), ROWS=t.rows, N_CONST=N if vec else 0, VEC=vec,
                                              maxnreg=_forward_register_cap(t, x, N, vec, center), **meta)
     else:
-        skew = _row_skew(N, strides, (x, residual, s, y))
-        args = (x, residual, s, y, _skewed_copies(weight, N, skew), _skewed_copies(bias, N, skew), mean, rstd)
-        _long_row_norm_fwd_kernel[(M,)](*args, *strides, 1, 1, float(eps), N=N,
+        w_copies, b_copies = _skewed_copies(weight, N, skew), _skewed_copies(bias, N, skew)
+        _long_row_norm_fwd_kernel[(M,)](x, residual, s, y, w_copies, b_copies, mean, rstd, *strides, 1, 1,
+                                        float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
                                         SPLITS=1, UNROLL=_unrolled(N, t.block_n), SKEW=skew, **meta)
     return y, s, mean, rstd
@@ -2651,8 +2669,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     tail_fill = PADDED_TAIL_BLOCK_N // 2 if ds is not None else PADDED_TAIL_BLOCK_N
     tail_rows = (compute_dx and mean is None and (trains or ds is not None)
                  and ROW_BLOCK_MAX // 2 < N <= ROW_BLOCK_MAX // 2 + tail_fill and vec16)
+    # Odd rows a tile would hold, training nothing: the long-row kernel (SKEW_TILE_ROW_MIN, SKEW_RESIDUAL_BWD_ROW_MIN).
+    skew = _row_skew(N, strides, (dy, x, ds, dx))
+    skewed = not trains and skew > 0 and N >= (SKEW_TILE_ROW_MIN if ds is None else SKEW_RESIDUAL_BWD_ROW_MIN)
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
-                padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None)
+                padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None, skewed=skewed)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
     # 16-byte vectors (vec16) in chunks of 4096, not seven of 2048
@@ -2760,7 +2781,6 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                    else LONG_BWD_SPILL_MAX_REGISTERS if high_cap else LONG_BWD_MAX_REGISTERS)
             if mean is None and vec16 and _TRITON_VERSION >= PIPED_ALL_TRITON:
                 cap = _ptxas_cap(cap, t, N, ds is not None, rms_frozen)
-            skew = _row_skew(N, strides, (dy, x, ds, dx))
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
                 dy, x, _skewed_copies(weight, N, skew), mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N,

@@ -1189,7 +1189,8 @@ def test_narrow_forward_plan(dtype):
 SHORT_NARROW_PLANS = {   # N: (ln forward, ln frozen, fadd frozen, rms frozen)
     96: (0, 0, 0, 0), 160: (2, 2, 0, 0), 384: (4, 4, 0, 0), 576: (2, 2, 2, "long"), 640: (4, 4, 2, "long"),
     768: (4, 4, 2, "long"), 1152: (2, 2, 2, "long"), 1280: (4, 4, 2, "long"), 1536: (4, 4, 4, "long"),
-    584: (2, 2, 2, "long"), 585: (0, 0, 0, "long"), 896: (0, 0, 0, 0), 1024: (0, 0, 0, 0)}
+    584: (2, 2, 2, "long"), 586: (0, 0, 0, "long"), 896: (0, 0, 0, 0), 1024: (0, 0, 0, 0),
+    585: ("long", "long", 0, "long")}   # odd rows: the long-row kernels with SKEW (SKEW_TILE_ROW_MIN)
 
 
 def _short_narrow_launch(launch):
@@ -1205,15 +1206,16 @@ def test_short_narrow_plan(dtype):
     16-bit rows up to PADDED_ROW_MIN, aligned for vectors, in tiles at least
     one 16-byte repeat wide, launch N_CONST = N and VEC by NARROW_VEC_ELEMENTS'
     rule; trained backwards, rows that fill their tile, unaligned rows,
-    narrower tiles and fp32 rows keep N at run time. The first forward
+    narrower tiles and fp32 rows keep N at run time; odd rows take the
+    long-row kernels (SKEW_TILE_ROW_MIN). The first forward
     launch and the backward's main launch, on meta tensors, at the real
     limits."""
     from bench_frozen_norm import VARIANTS, main_backward_launch, record_backward, record_forward
     frozen = {"ln": "all frozen", "fadd": "frozen w", "rms": "frozen w"}
     for N, wants in SHORT_NARROW_PLANS.items():
         got_fwd = _short_narrow_launch(record_forward("ln", (8192, N), dtype).launches[0])
-        want = wants[0] if dtype != torch.float32 else 0
-        assert got_fwd == ((N if want else 0), want), (N, got_fwd)
+        want = wants[0] if dtype != torch.float32 or wants[0] == "long" else 0
+        assert got_fwd == (want if want == "long" else ((N if want else 0), want)), (N, got_fwd)
         for (name, variant), want in zip(frozen.items(), wants[1:]):
             if dtype == torch.float32 and want != "long":
                 want = 0
@@ -1407,6 +1409,32 @@ def test_skewed_rows(name, N, extra, dtype, skew, monkeypatch):
     absent = {p: ABSENT for p in ALL_TRAIN[name]}   # without w, nothing zeroes g on the lanes outside a row
     for params in (ALL_TRAIN[name], ALL_FROZEN[name], absent):
         check_op(OPS[name], (9, N), dtype, params, _with_grads(name), layout=layout, elementwise=True)
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("N, extra", [(511, 0), (577, 0), (1001, 0), (1025, 0), (4097, 0),
+                                      (1001, 1)])   # x's rows and y's lie apart: no SKEW, their tiles
+def test_skewed_tile_rows(name, N, extra):
+    """Odd rows a tile would hold take the long-row kernels with SKEW, in
+    the forward and in the backward that trains nothing, from
+    SKEW_TILE_ROW_MIN elements on (FusedAdd's forward from
+    SKEW_RESIDUAL_FWD_ROW_MIN, its backward from SKEW_RESIDUAL_BWD_ROW_MIN);
+    shorter ones, and the trained backward's, keep their tiles (recorded on
+    meta tensors; `_row_launches` runs trained first). Against float64
+    element by element, trained and frozen."""
+    launches = _row_launches(name, N, N + extra)
+    forward, trained, frozen = [[lc for lc in launches if lc.name.startswith(k)] for k in
+                                ("_long_row_norm_fwd", "_row_norm_bwd", "_long_row_norm_bwd")]
+    fadd = name == "fadd"
+    fwd_min, bwd_min = ((fn.SKEW_RESIDUAL_FWD_ROW_MIN, fn.SKEW_RESIDUAL_BWD_ROW_MIN) if fadd else
+                        (fn.SKEW_TILE_ROW_MIN, fn.SKEW_TILE_ROW_MIN))
+    names = [lc.name for lc in launches]
+    assert len(forward) == (2 if not extra and N >= fwd_min else 0), names
+    assert len(frozen) == (1 if not extra and N >= bwd_min else 0) and len(trained) == 1 + (not frozen), names
+    assert {lc.constexprs["SKEW"] for lc in forward + frozen} <= {8}
+    layout = (lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], N + extra)[..., :N])) if extra else None
+    for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
+        check_op(OPS[name], (9, N), torch.bfloat16, params, _with_grads(name), layout=layout, elementwise=True)
 
 
 def test_row_skew_rule():
