@@ -48,7 +48,9 @@ What you will learn by reading it
   rows that no vector fits (an odd length): each read from the 16-byte
   boundary below it, its masks or-ed with compile-time bounds so that the
   chunks inside a row keep none, w from copies shifted as far, and the
-  few lanes left at its ends stored one by one (SKEW, `_row_skew`).
+  few lanes left at its ends stored one by one (SKEW, `_row_skew`); the
+  forwards and untrained backwards of such rows leave the tiles, whose rows
+  lie each at another skew, for a row a program (SKEW_TILE_ROW_MIN).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -2615,7 +2617,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     programs, which leaves one (P, N) fp32 buffer per trained parameter (264
     rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile,
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
-    tile poorly (PADDED_ROW_FILL). RMSNorm's and FusedAdd's trained 16-bit
+    tile poorly (PADDED_ROW_FILL) and odd rows read skewed
+    (SKEW_TILE_ROW_MIN). RMSNorm's and FusedAdd's trained 16-bit
     rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
     tail (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just
     past ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
