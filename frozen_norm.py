@@ -909,8 +909,8 @@ def _row_tiling(M: int, N: int, backward: bool = False, block_max: Optional[int]
     and halve them once at most where that pads the row less, or with
     `long_floor` down to that length; padded rows down to LONG_CHUNK_MIN, or
     `padded_floor`. With `skewed` (rows read skewed, SKEW_TILE_ROW_MIN),
-    rows that would take a tile take the plan of rows just past `block_max`
-    instead."""
+    rows that would take a tile take the long-row plan instead, as if
+    `block_max` were N - 1."""
     if backward:
         tile_elements, ept = LOOP_TILE_ELEMENTS, elements_per_thread or LOOP_ELEMENTS_PER_THREAD
     else:
