@@ -1380,7 +1380,7 @@ def test_aligned_rows(name, N, extra, align):
     launches = _row_launches(name, N, N + extra)
     hinted = [lc.constexprs["ALIGN"] for lc in launches if "ALIGN" in lc.constexprs]
     assert len(hinted) >= 4 and set(hinted) == {align}, [(lc.name, lc.constexprs.get("ALIGN")) for lc in launches]
-    layout = (lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], N + extra)[..., :N])) if extra else None
+    layout = _row_stride(N + extra) if extra else None
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
         check_op(OPS[name], (3, N), torch.bfloat16, params, _with_grads(name), layout=layout)
 
@@ -1405,7 +1405,7 @@ def test_skewed_rows(name, N, extra, dtype, skew, monkeypatch):
     assert launches and {lc.constexprs["SKEW"] for lc in launches} == {skew}, [lc.name for lc in launches]
     if N > fn.ROW_BLOCK_MAX:
         assert "_long_row_norm_fwd_kernel" in {lc.name for lc in launches}
-    layout = (lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], N + extra)[..., :N])) if extra else None
+    layout = _row_stride(N + extra) if extra else None
     absent = {p: ABSENT for p in ALL_TRAIN[name]}   # without w, nothing zeroes g on the lanes outside a row
     for params in (ALL_TRAIN[name], ALL_FROZEN[name], absent):
         check_op(OPS[name], (9, N), dtype, params, _with_grads(name), layout=layout, elementwise=True)
@@ -1432,7 +1432,7 @@ def test_skewed_tile_rows(name, N, extra):
     assert len(forward) == (2 if not extra and N >= fwd_min else 0), names
     assert len(frozen) == (1 if not extra and N >= bwd_min else 0) and len(trained) == 1 + (not frozen), names
     assert {lc.constexprs["SKEW"] for lc in forward + frozen} <= {8}
-    layout = (lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], N + extra)[..., :N])) if extra else None
+    layout = _row_stride(N + extra) if extra else None
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
         check_op(OPS[name], (9, N), torch.bfloat16, params, _with_grads(name), layout=layout, elementwise=True)
 
@@ -2984,6 +2984,11 @@ def test_rms_norm_single_element_rows():
 def _laid_out(t, make):
     """A tensor of t's values in the storage `make(t)` returns."""
     return make(t).copy_(t)
+
+
+def _row_stride(stride):
+    """A layout (as LAYOUTS'): the rows sliced from rows of `stride` elements."""
+    return lambda t: _laid_out(t, lambda t: t.new_empty(*t.shape[:-1], stride)[..., : t.shape[-1]])
 
 
 # Other layouts of an input's values: its rows sliced from wider rows (row
