@@ -1037,7 +1037,9 @@ def _vector_aligned(strides: tuple, size: int, tensors: tuple = ()) -> bool:
 
 def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
     """SKEW of a long-row launch on rows of N elements (row `strides`, 0s
-    skipped, of the `tensors`, None skipped). Where N and the strides have
+    skipped, of the `tensors`, None skipped); where it is not 0, odd rows a
+    tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN).
+    Where N and the strides have
     an odd common divisor, no vector fits every row; then, if the tensors
     share an element size, each starts on a 16-byte boundary and their
     strides agree modulo a 16-byte vector (their rows lie alike against
