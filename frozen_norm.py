@@ -1157,9 +1157,23 @@ def _check_real(value, name: str) -> None:
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
 
 
+def _is_int(d) -> bool:
+    """An int (a Python or NumPy integer, not a bool): a dimension."""
+    return type(d) is int or (isinstance(d, numbers.Integral) and not isinstance(d, bool))
+
+
 def _check_normalized_shape(x: torch.Tensor, normalized_shape) -> tuple:
-    """Validates `normalized_shape` against x's trailing dims; returns it as a tuple."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    """Validates `normalized_shape` (an int, or a tuple, list or torch.Size of
+    ints) against x's trailing dims; returns it as a tuple of ints."""
+    if _is_int(normalized_shape):
+        shape = (int(normalized_shape),)
+    elif isinstance(normalized_shape, (tuple, list)) and all(map(_is_int, normalized_shape)):
+        shape = tuple(map(int, normalized_shape))   # torch.Size is a tuple
+    else:
+        kind = type(normalized_shape).__name__
+        if isinstance(normalized_shape, (tuple, list)):
+            kind += " of " + ", ".join(sorted({type(d).__name__ for d in normalized_shape if not _is_int(d)}))
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got {kind}")
     if len(shape) == 0 or x.dim() < len(shape) or tuple(x.shape[-len(shape):]) != shape:
         raise ValueError(
             f"normalized_shape {shape} must be non-empty and match the trailing dims of x, "

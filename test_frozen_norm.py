@@ -2912,6 +2912,11 @@ BAD_INPUTS = [
     ("not a tensor", lambda: fn.rms_norm([[1.0, 2.0]], (2,)), TypeError, "x must be a torch.Tensor"),
     ("normalized_shape", lambda: fn.layer_norm(_x(4, 8), (4,)), ValueError, "normalized_shape"),
     ("normalized_shape empty", lambda: fn.rms_norm(_x(4, 8), ()), ValueError, "normalized_shape"),
+    ("normalized_shape tensor", lambda: fn.layer_norm(_x(4, 8), _x(8)), TypeError,
+     "normalized_shape must be an int or a sequence of ints, got Tensor$"),
+    ("normalized_shape float", lambda: fn.rms_norm(_x(4, 8), 8.0), TypeError, "ints, got float$"),
+    ("normalized_shape floats", lambda: fn.rms_norm(_x(4, 8), [4, 8.0]), TypeError, "ints, got list of float$"),
+    ("normalized_shape bool", lambda: fn.layer_norm(_x(4, 1), (True,)), TypeError, "ints, got tuple of bool$"),
     ("groups", lambda: fn.group_norm(_x(2, 6, 3), 4), ValueError, "num_groups must be a positive int dividing"),
     ("groups zero", lambda: fn.group_norm(_x(2, 6, 3), 0), ValueError, "num_groups"),
     ("group dims", lambda: fn.group_norm(_x(6), 3), ValueError, "at least 2 dims"),
@@ -2941,6 +2946,18 @@ def test_bad_input(call, error, message, monkeypatch):
     with pytest.raises(error, match=message):
         call()
     assert not launched
+
+
+@pytest.mark.parametrize("form", ["int", "list", "torch.Size", "numpy int"])
+def test_normalized_shape_forms(form):
+    """normalized_shape as torch.nn's norms take it: each form gives the tuple's output bit for bit."""
+    x, w = _x(5, 12), _x(12)
+    if form == "numpy int":
+        shape = pytest.importorskip("numpy").int64(12)   # no NumPy, no NumPy ints to pass
+    else:
+        shape = {"int": 12, "list": [12], "torch.Size": torch.Size([12])}[form]
+    for op in (fn.rms_norm, fn.layer_norm):
+        assert torch.equal(op(x, shape, w), op(x, (12,), w))
 
 
 def test_cpu_tensor_without_interpreter(monkeypatch):
