@@ -1104,16 +1104,18 @@ class _Grid(NamedTuple):
 
 
 def _row_grid(t: _RowTiling, loaded: tuple, device: torch.device, persistent: bool,
-              depth: int = PIPELINE_STAGES, exact: bool = False) -> _Grid:
+              depth: int = PIPELINE_STAGES, exact: bool = False, classes: int = 1) -> _Grid:
     """The grid for `t`: persistent (about THREADS_PER_SM threads per SM, each
     program looping over tiles through a software pipeline at most `depth`
     deep) or one program per tile. `loaded`: the tensors (or None) the loop
     loads a tile of, which set the pipeline's depth (`exact`: see
-    `_pipeline_stages`)."""
+    `_pipeline_stages`). `classes`: the persistent programs a multiple of
+    it, as many for each of that many classes of tiles (the tile kernel's
+    SKEW; t.num_tiles a multiple of it)."""
     if not persistent:
         return _Grid(t.num_tiles, 1, 1)
     per_sm = _programs_per_sm(t.num_warps)
-    programs = min(t.num_tiles, per_sm * _num_sms(device))
+    programs = max(classes, min(t.num_tiles, per_sm * _num_sms(device)) // classes * classes)
     tiles_per_program = _cdiv(t.num_tiles, programs)
     stages = 1
     if t.one_pass and tiles_per_program > 1:
@@ -1330,7 +1332,7 @@ def _skewed_lanes(cols, skew, n, N, SKEW: tl.constexpr):
     (skew < SKEW, n >= N), so that in an unrolled pass the chunks inside
     every row need no mask at all, as without SKEW."""
     if SKEW:
-        whole: tl.constexpr = N // SKEW * SKEW
+        whole = N // SKEW * SKEW   # a compile-time constant where N is (the long-row kernels)
         load = (cols < whole) | (cols < n)
         inside = ((cols >= SKEW) | (cols >= skew)) & ((cols < N) | (cols < skew + N))
         body = (((cols >= SKEW) | (cols >= (skew + SKEW - 1) // SKEW * SKEW))
@@ -1345,12 +1347,15 @@ def _skewed_lanes(cols, skew, n, N, SKEW: tl.constexpr):
 @triton.jit
 def _skew_edges(skew, N, SKEW: tl.constexpr):
     """The lanes of a skewed row (`_skewed_row`) that `_skewed_lanes`' body
-    leaves out, as [2 * SKEW] lanes and their mask: those from skew up to
-    the first whole vector (none for skew = 0), and those after the last."""
+    leaves out, as [2 * SKEW] lanes and their mask: those of the row in its
+    first vector (none for skew = 0: that vector is whole), and those from
+    the last vector boundary in it on. A row inside one vector (the tile
+    kernel's rows shorter than SKEW) can have a lane in both: stored twice,
+    the same value."""
     e = tl.arange(0, 2 * SKEW)
     tail = (skew + N) // SKEW * SKEW
     lanes = tl.where(e < SKEW, e, tail + e - SKEW)
-    mask = tl.where(e < SKEW, (lanes >= skew) & (skew > 0), lanes < skew + N)
+    mask = (lanes >= skew) & (lanes < skew + N) & ((skew > 0) | (e >= SKEW))
     return lanes, mask
 
 
@@ -2030,17 +2035,23 @@ def _load_row_stats(Mean, Rstd, rows, M, CENTER: tl.constexpr, FOLD: tl.constexp
 
 @triton.jit
 def _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER: tl.constexpr, HAS_W: tl.constexpr,
-                    EVICT: tl.constexpr, ZERO_MASKED: tl.constexpr):
+                    EVICT: tl.constexpr, ZERO_MASKED: tl.constexpr, inside, SKEW: tl.constexpr):
     """dy, xhat = (x - mean) * rstd (`_xhat`) and g = dy * w of a tile of rows, in fp32
     (g = dy without a weight), x and dy loaded with the eviction policy EVICT
     ("": the default). Masked lanes load x = dy = 0, so their g = 0 and every
     term they add to a sum (dy * xhat, xhat * g, g) is 0. ZERO_MASKED also
     sets their xhat to 0 (a select per element), for ptxas' sake only: see
-    N_CONST in `_row_norm_bwd_kernel`."""
+    N_CONST in `_row_norm_bwd_kernel`. With SKEW the loads are whole vectors
+    (`_skewed_tile`) whose lanes outside the row (`inside` False) hold a
+    neighbour's elements or bytes past the tensor: dy and xhat are set to 0
+    there, two selects an element (None: `inside` unused)."""
     x = tl.load(X + x_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dy = tl.load(DY + dy_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     xhat = _xhat(x, mean[:, None], rstd[:, None], CENTER)
-    if ZERO_MASKED:
+    if SKEW:
+        dy = tl.where(inside, dy, 0.0)
+        xhat = tl.where(inside, xhat, 0.0)
+    elif ZERO_MASKED:
         xhat = tl.where(mask, xhat, 0.0)
     g = dy
     if HAS_W:
@@ -2073,22 +2084,52 @@ def _center_dx(g, xhat, c1, c2, rstd):
 
 
 @triton.jit
-def _store_dx(DX, DS, dx, rows, cols, M, N, stride_ds, stride_dx, HAS_DS: tl.constexpr):
-    """dx (+ ds with HAS_DS) of a tile's rows and columns, stored in DX's dtype."""
+def _tile_dx(g, xhat, c1, c2, rstd, CENTER: tl.constexpr):
+    """dx of a tile's rows: `_center_dx` with CENTER, else `_rms_dx` (c2 unused)."""
+    if CENTER:
+        dx = _center_dx(g, xhat, c1, c2, rstd)
+    else:
+        dx = _rms_dx(g, xhat, c1, rstd)
+    return dx
+
+
+@triton.jit
+def _skewed_tile(rows, cols, M, N, stride, lanes, SKEW: tl.constexpr):
+    """`_tile`, or with SKEW a tile of rows of one skew (`_row_norm_bwd_kernel`'s
+    SKEW): each row read from the SKEW boundary at or below its start
+    (`_skewed_base`: the compiler sees the multiple), so lane c holds element
+    c - skew; `lanes` is then the column mask (unused without SKEW)."""
+    if SKEW:
+        offsets = _skewed_base(rows[:, None].to(tl.int64) * stride, SKEW) + cols[None, :]
+        mask = (rows < M)[:, None] & lanes[None, :]
+    else:
+        offsets, mask = _tile(rows, cols, M, N, stride)
+    return offsets, mask
+
+
+@triton.jit
+def _store_dx(DX, DS, dx, rows, cols, M, N, stride_ds, stride_dx, HAS_DS: tl.constexpr, lanes, SKEW: tl.constexpr):
+    """dx (+ ds with HAS_DS) of a tile's rows and columns, stored in DX's
+    dtype; with SKEW, lanes `lanes` of rows of one skew (`_skewed_tile`)."""
     if HAS_DS:
-        ds_offs, mask = _tile(rows, cols, M, N, stride_ds)
+        ds_offs, mask = _skewed_tile(rows, cols, M, N, stride_ds, lanes, SKEW)
         dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
-    dx_offs, mask = _tile(rows, cols, M, N, stride_dx)
+    dx_offs, mask = _skewed_tile(rows, cols, M, N, stride_dx, lanes, SKEW)
     tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _store_sums(DWp, DBp, dw_acc, db_acc, pid, cols, N, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr):
-    """A program's dw and db accumulators, summed over their rows, to its row of DWp and DBp."""
+def _store_sums(DWp, DBp, dw_acc, db_acc, pid, cols, N, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+                skew, SKEW: tl.constexpr):
+    """A program's dw and db accumulators, summed over their rows, to its row
+    of DWp and DBp; with SKEW, lane c to column c - skew (the lanes in the row)."""
+    offs, mask = pid.to(tl.int64) * N + cols, cols < N
+    if SKEW:
+        offs, mask = offs - skew, (cols >= skew) & (cols < skew + N)
     if COMPUTE_DW:
-        tl.store(DWp + pid.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
+        tl.store(DWp + offs, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=mask)
     if COMPUTE_DB:
-        tl.store(DBp + pid.to(tl.int64) * N + cols, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
+        tl.store(DBp + offs, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -2109,7 +2150,7 @@ def _row_norm_bwd_kernel(
     COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, RELOAD: tl.constexpr,
     W_PER_TILE: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr, JOINT: tl.constexpr, TAIL: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr,
 ):
     """Row norm backward: dx = rstd * (g - xhat * c1 - c2) [+ ds], and dw, db partials.
 
@@ -2182,12 +2223,26 @@ def _row_norm_bwd_kernel(
     c2's) are added to the tile's in registers before each reduction
     (`_tail_row_sum`). 0 removes the tail's loads, sums and stores.
     ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
+    SKEW (0, or the elements of a 16-byte vector, `_row_skew`: odd rows;
+    without TAIL, RELOAD, N_CONST, VEC and W_PER_TILE): rows SKEW apart lie
+    alike against a vector, so program p takes the rows of one residue
+    class, r = p % SKEW modulo SKEW, its tiles of ROWS such rows p // SKEW,
+    p // SKEW + P / SKEW, ... (P a multiple of SKEW; tiles_per_program
+    counts the class's tiles). Each row is read in whole vectors from the
+    boundary at or below its start, `skew` lanes before it (`_skewed_tile`),
+    W is the class's copy of w (`_skewed_copies`), the lanes outside the
+    row are set to 0 (`_load_dy_xhat_g`), dx is stored in whole vectors and
+    its at most 2 (SKEW - 1) other lanes one by one (`_skew_edges`), and the
+    dw and db sums leave lane c for column c - skew (`_store_sums`), so the
+    accumulators keep one lane frame for all of a program's rows. 0 removes
+    it all: a lane a column, loads in vectors only where ALIGN allows.
     """
     N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
     tl.static_assert(TAIL == 0 or (ROWS == 1 and not RELOAD and not N_CONST and not JOINT))
+    tl.static_assert(SKEW == 0 or not (TAIL or RELOAD or N_CONST or VEC or W_PER_TILE))
     padded: tl.constexpr = N_CONST != BLOCK_N   # the row may leave lanes of the tile empty (see N_CONST)
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -2195,8 +2250,17 @@ def _row_norm_bwd_kernel(
     # With a tail the tile lies inside the row: BLOCK_N as its bound folds the column tests away.
     n_tile = BLOCK_N if TAIL else N
     tail = BLOCK_N + tl.arange(0, TAIL if TAIL else 1)   # the tail's columns (unused without TAIL)
+    first, step = pid, num_programs   # the program's first tile, and the step to its next
+    skew, load, inside, body, n_w = 0, None, None, None, n_tile   # SKEW's (0 and None: unused without it)
+    if SKEW:   # the tiles of the program's class, and its rows' lanes (`_skewed_row`)
+        first, step = pid // SKEW, num_programs // SKEW
+        skew = (pid % SKEW) * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
+        n_w = (skew + N + SKEW - 1) // SKEW * SKEW   # whole vectors: the lanes loaded
+        load, inside, body = _skewed_lanes(cols, skew, n_w, N, SKEW)
+        if HAS_W:
+            W += skew * ((N + SKEW + 15) // 16 * 16)   # its copy of w: `_skewed_copy_length` at run time
     if HAS_W and not W_PER_TILE:
-        w_held = _load_scale(W, cols, n_tile, OFFSET)   # in registers through the loop
+        w_held = _load_scale(W, cols, n_w, OFFSET)   # in registers through the loop
         if TAIL:
             w_tail = _load_scale(W, tail, N, OFFSET)
     # The accumulators are tiles, summed over their rows once at the end: a
@@ -2207,15 +2271,17 @@ def _row_norm_bwd_kernel(
     dw_tail = tl.zeros([ROWS, TAIL], dtype=tl.float32) if COMPUTE_DW and TAIL else 0.0
     db_tail = tl.zeros([ROWS, TAIL], dtype=tl.float32) if COMPUTE_DB and TAIL else 0.0
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
-        rows = (pid + i * num_programs) * ROWS + tl.arange(0, ROWS)
+        rows = (first + i * step) * ROWS + tl.arange(0, ROWS)
+        if SKEW:
+            rows = rows * SKEW + pid % SKEW   # the class's rows
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER, padded)
-        x_offs, mask = _tile(rows, cols, M, n_tile, stride_x)
-        dy_offs, _ = _tile(rows, cols, M, n_tile, stride_dy)
+        x_offs, mask = _skewed_tile(rows, cols, M, n_tile, stride_x, load, SKEW)
+        dy_offs, _ = _skewed_tile(rows, cols, M, n_tile, stride_dy, load, SKEW)
         w = 1.0   # a placeholder, unused without HAS_W
         if HAS_W:
             w = _load_scale(W, cols, n_tile, OFFSET) if W_PER_TILE else w_held
         dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER, HAS_W,
-                                      "evict_last" if RELOAD else "", padded and not TAIL)
+                                      "evict_last" if RELOAD else "", padded and not TAIL, inside, SKEW)
         if TAIL:
             xt_offs, tail_mask = _tile(rows, tail, M, N, stride_x)
             dyt_offs, _ = _tile(rows, tail, M, N, stride_dy)
@@ -2223,19 +2289,18 @@ def _row_norm_bwd_kernel(
             if HAS_W:
                 wt = _load_scale(W, tail, N, OFFSET) if W_PER_TILE else w_tail
             dy_t, xhat_t, g_t = _load_dy_xhat_g(X, DY, xt_offs, dyt_offs, tail_mask, mean, rstd, wt, CENTER, HAS_W,
-                                                "", True)
+                                                "", True, None, 0)
             dw_tail, db_tail = _accumulate(dw_tail, db_tail, dy_t, xhat_t, COMPUTE_DW, COMPUTE_DB)
         if N_CONST:   # dw and db first: past the row reductions only xhat and g stay live
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
         if COMPUTE_DX:
+            c2 = 0.0   # a placeholder, unused without CENTER
             if TAIL:
                 c1 = _tail_row_sum(xhat * g, xhat_t * g_t, ROWS, BLOCK_N, TAIL) / N
                 if CENTER:
                     c2 = _tail_row_sum(g, g_t, ROWS, BLOCK_N, TAIL) / N
-                    dx_t = _center_dx(g_t, xhat_t, c1, c2, rstd)
-                else:
-                    dx_t = _rms_dx(g_t, xhat_t, c1, rstd)
-                _store_dx(DX, DS, dx_t, rows, tail, M, N, stride_ds, stride_dx, HAS_DS)
+                dx_t = _tile_dx(g_t, xhat_t, c1, c2, rstd, CENTER)
+                _store_dx(DX, DS, dx_t, rows, tail, M, N, stride_ds, stride_dx, HAS_DS, None, 0)
             elif CENTER and JOINT:
                 sum_xhat_g, sum_g = tl.reduce((xhat * g, g), 1, _add2)
                 c1 = sum_xhat_g / N
@@ -2246,17 +2311,23 @@ def _row_norm_bwd_kernel(
                     c2 = tl.sum(g, axis=1) / N
             if RELOAD:
                 dy, xhat, g = _load_dy_xhat_g(X, DY, x_offs, dy_offs, mask, mean, rstd, w, CENTER, HAS_W,
-                                              "evict_first", True)
-            if CENTER:
-                dx = _center_dx(g, xhat, c1, c2, rstd)
-            else:
-                dx = _rms_dx(g, xhat, c1, rstd)
-            _store_dx(DX, DS, dx, rows, cols, M, n_tile, stride_ds, stride_dx, HAS_DS)
+                                              "evict_first", True, None, 0)
+            dx = _tile_dx(g, xhat, c1, c2, rstd, CENTER)
+            _store_dx(DX, DS, dx, rows, cols, M, n_tile, stride_ds, stride_dx, HAS_DS, body, SKEW)
+            if SKEW:   # the lanes in no whole vector, one by one, from loads of their own
+                e_cols, e_lanes = _skew_edges(skew, N, SKEW)
+                ex_offs, e_mask = _skewed_tile(rows, e_cols, M, N, stride_x, e_lanes, SKEW)
+                edy_offs, _ = _skewed_tile(rows, e_cols, M, N, stride_dy, e_lanes, SKEW)
+                w_e = _load_scale(W, e_cols, n_w, OFFSET) if HAS_W else 1.0
+                _, xhat_e, g_e = _load_dy_xhat_g(X, DY, ex_offs, edy_offs, e_mask, mean, rstd, w_e, CENTER, HAS_W,
+                                                 "", False, None, 0)
+                dx_e = _tile_dx(g_e, xhat_e, c1, c2, rstd, CENTER)
+                _store_dx(DX, DS, dx_e, rows, e_cols, M, N, stride_ds, stride_dx, HAS_DS, e_lanes, SKEW)
         if not N_CONST:
             dw_acc, db_acc = _accumulate(dw_acc, db_acc, dy, xhat, COMPUTE_DW, COMPUTE_DB)
-    _store_sums(DWp, DBp, dw_acc, db_acc, pid, cols, N, COMPUTE_DW, COMPUTE_DB)
+    _store_sums(DWp, DBp, dw_acc, db_acc, pid, cols, N, COMPUTE_DW, COMPUTE_DB, skew, SKEW)
     if TAIL:
-        _store_sums(DWp, DBp, dw_tail, db_tail, pid, tail, N, COMPUTE_DW, COMPUTE_DB)
+        _store_sums(DWp, DBp, dw_tail, db_tail, pid, tail, N, COMPUTE_DW, COMPUTE_DB, 0, 0)
 
 
 @triton.jit
@@ -2694,6 +2765,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None, skewed=skewed)
     t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
+    if trains and skew and t.one_pass:   # trained odd rows: room in the tile for the lanes before a row
+        t = _row_tiling(M, N + skew - 1, padded_floor=_padded_floor(x, mean is not None), **plan)
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
     # 16-byte vectors (vec16) in chunks of 4096, not seven of 2048
     # (HALVED_MAX_CHUNKS); elsewhere (not FusedAdd's with ds) on whole chunks
@@ -2761,8 +2834,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         tails = two_acc or (tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16))
         tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2)) if tails else 0
         row_each = piped or two_acc   # a row per tile: its buffers counted exactly (`_pipeline_stages`)
+        # Trained odd rows: SKEW in the tile kernel, each program the tiles of one of SKEW classes of rows.
+        tile_skew = skew if trains else 0
+        if tile_skew:
+            t = t._replace(num_tiles=tile_skew * _cdiv(_cdiv(M, tile_skew), t.rows))
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
-                      depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each)
+                      depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each,
+                      classes=max(1, tile_skew))
         stages = 1 if reload else g.stages
         if trains:
             dw_partial, db_partial = _sum_targets(g.programs, dw, db)
@@ -2774,13 +2852,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # constant, in vectors of NARROW_VEC_ELEMENTS (see the constant).
         short_vec = 0 if trains else _short_narrow_vec(t, N, (x, dy), strides)
         _row_norm_bwd_kernel[(g.programs,)](
-            dy, x, weight, mean, rstd, ds, dx, dw_partial, db_partial,
+            dy, x, _skewed_copies(weight, N, tile_skew), mean, rstd, ds, dx, dw_partial, db_partial,
             M, N, *strides, g.tiles_per_program, OFFSET=float(offset), **flags,
             COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
             ROWS=t.rows, BLOCK_N=t.block_n // 2 if tail else t.block_n, STAGES=stages, RELOAD=reload,
             W_PER_TILE=w_per_tile, N_CONST=N if piped or short_vec else 0,
             VEC=PIPED_VEC_ELEMENTS if narrow else short_vec,
-            JOINT=joint, TAIL=tail,
+            JOINT=joint, TAIL=tail, SKEW=tile_skew,
             num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`

@@ -1419,9 +1419,9 @@ def test_skewed_tile_rows(name, N, extra):
     the forward and in the backward that trains nothing, from
     SKEW_TILE_ROW_MIN elements on (FusedAdd's forward from
     SKEW_RESIDUAL_FWD_ROW_MIN, its backward from SKEW_RESIDUAL_BWD_ROW_MIN);
-    shorter ones, and the trained backward's, keep their tiles (recorded on
-    meta tensors; `_row_launches` runs trained first). Against float64
-    element by element, trained and frozen."""
+    shorter ones, and the trained backward's, keep their tiles, the trained
+    ones read skewed too (recorded on meta tensors; `_row_launches` runs
+    trained first). Against float64 element by element, trained and frozen."""
     launches = _row_launches(name, N, N + extra)
     forward, trained, frozen = [[lc for lc in launches if lc.name.startswith(k)] for k in
                                 ("_long_row_norm_fwd", "_row_norm_bwd", "_long_row_norm_bwd")]
@@ -1432,9 +1432,42 @@ def test_skewed_tile_rows(name, N, extra):
     assert len(forward) == (2 if not extra and N >= fwd_min else 0), names
     assert len(frozen) == (1 if not extra and N >= bwd_min else 0) and len(trained) == 1 + (not frozen), names
     assert {lc.constexprs["SKEW"] for lc in forward + frozen} <= {8}
+    assert trained[0].constexprs["SKEW"] == (0 if extra else 8)
     layout = _row_stride(N + extra) if extra else None
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
         check_op(OPS[name], (9, N), torch.bfloat16, params, _with_grads(name), layout=layout, elementwise=True)
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("N, dtype, extra", [
+    (3, torch.bfloat16, 0),      # rows inside one vector: a lane can be in both edges (`_skew_edges`)
+    (161, torch.bfloat16, 0),    # several rows a tile
+    (1021, torch.bfloat16, 0),   # within SKEW - 1 of 1024: the tile of 2048 holds the lanes before a row
+    (577, torch.float32, 0),     # fp32: vectors of 4 elements, 4 classes
+    (161, torch.bfloat16, 8)])   # a row stride of N + 8: every row lies as without it
+def test_skewed_trained_tiles(name, N, dtype, extra, monkeypatch):
+    """The trained backward of odd rows a tile holds reads them skewed (SKEW
+    in `_row_norm_bwd_kernel`), each program the tiles of one class of rows,
+    SKEW apart: recorded on meta tensors, SKEW the elements of a vector and
+    tiles of N + SKEW - 1 lanes at least. Then 77 rows (classes of 9 and 10)
+    on one program a class (`_programs_per_sm` 1 on one SM), so that each
+    program loops over its class's tiles, against float64 element by
+    element, for every pattern that trains a parameter (with dx and
+    without): a dw or db lane left in its skewed frame, a row of another
+    class, or a dx edge missed would show; twice, the same bits."""
+    skew = 16 // dtype.itemsize
+    trained = [lc for lc in _row_launches(name, N, N + extra, dtype=dtype) if lc.name == "_row_norm_bwd_kernel"]
+    assert trained and trained[0].constexprs["SKEW"] == skew
+    assert trained[0].constexprs["BLOCK_N"] >= N + skew - 1 and trained[0].grid[0] % skew == 0
+    monkeypatch.setattr(fn, "_num_sms", lambda device: 1)
+    monkeypatch.setattr(fn, "_programs_per_sm", lambda num_warps: 1)
+    layout = _row_stride(N + extra) if extra else None
+    op = OPS[name]
+    for params, inputs in freeze_patterns(op):
+        if TRAIN in params.values() and all(inputs.values()) or (params == ALL_TRAIN[name] and not inputs["x"]):
+            check_op(op, (77, N), dtype, params, inputs, layout=layout, elementwise=True)
+    d = prepare(op, (77, N), dtype, ALL_TRAIN[name], _with_grads(name))
+    _assert_same_bits_twice(op, d)
 
 
 def test_row_skew_rule():
