@@ -50,7 +50,9 @@ What you will learn by reading it
   chunks inside a row keep none, w from copies shifted as far, and the
   few lanes left at its ends stored one by one (SKEW, `_row_skew`); the
   forwards and untrained backwards of such rows leave the tiles, whose rows
-  lie each at another skew, for a row a program (SKEW_TILE_ROW_MIN).
+  lie each at another skew, for a row a program (SKEW_TILE_ROW_MIN), and
+  the trained tiles give each program rows SKEW apart, which lie alike, so
+  that its dw and db sums keep one frame of lanes.
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -377,7 +379,11 @@ LONG_FWD_PRESUM_AFTER = 24576
 # a lane. From SKEW_TILE_ROW_MIN elements on; FusedAdd's later, its tiles
 # measured faster on shorter odd rows (NOTES.md, section 6): its forward's
 # from SKEW_RESIDUAL_FWD_ROW_MIN, its backward's with ds from
-# SKEW_RESIDUAL_BWD_ROW_MIN.
+# SKEW_RESIDUAL_BWD_ROW_MIN. The trained backward keeps its tiles (a row a
+# program would leave dw and db to a kernel reading x and dy again) and
+# reads them skewed there: rows SKEW apart lie alike against a vector, so
+# each program takes the rows of one residue class and its accumulators
+# keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW).
 SKEW_TILE_ROW_MIN = 512
 SKEW_RESIDUAL_FWD_ROW_MIN = 4096
 SKEW_RESIDUAL_BWD_ROW_MIN = 1024
@@ -1038,7 +1044,8 @@ def _vector_aligned(strides: tuple, size: int, tensors: tuple = ()) -> bool:
 def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
     """SKEW of a long-row launch on rows of N elements (row `strides`, 0s
     skipped, of the `tensors`, None skipped); where it is not 0, odd rows a
-    tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN).
+    tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN),
+    and the trained backward's tiles read them skewed (`_row_norm_bwd_kernel`).
     Where N and the strides have
     an odd common divisor, no vector fits every row; then, if the tensors
     share an element size, each starts on a 16-byte boundary and their
@@ -2705,7 +2712,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile,
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL) and odd rows read skewed
-    (SKEW_TILE_ROW_MIN). RMSNorm's and FusedAdd's trained 16-bit
+    (SKEW_TILE_ROW_MIN); trained, odd rows read skewed in the tile kernel,
+    a program the tiles of one residue class of rows (its SKEW). RMSNorm's and FusedAdd's trained 16-bit
     rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
     tail (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just
     past ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
