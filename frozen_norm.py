@@ -2772,9 +2772,18 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     skewed = not trains and skew > 0 and N >= (SKEW_TILE_ROW_MIN if ds is None else SKEW_RESIDUAL_BWD_ROW_MIN)
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None, skewed=skewed)
-    t = _row_tiling(M, N, padded_floor=_padded_floor(x, mean is not None), **plan)
-    if trains and skew and t.one_pass:   # trained odd rows: room in the tile for the lanes before a row
-        t = _row_tiling(M, N + skew - 1, padded_floor=_padded_floor(x, mean is not None), **plan)
+    floor = _padded_floor(x, mean is not None)
+    t = _row_tiling(M, N, padded_floor=floor, **plan)
+    # Trained odd rows a tile holds: read skewed there (`_row_norm_bwd_kernel`'s
+    # SKEW), in a tile with room for the lanes before a row where that is
+    # still a tile; but not LayerNorm's with dx and dw in a tile of
+    # ROW_BLOCK_MAX (16 warps, 128 registers a thread), where ptxas spills
+    # SKEW's masks and w (Triton 3.6: 192 to 352 bytes), one element a lane.
+    tile_skew = 0
+    if trains and skew and t.one_pass:
+        room = _row_tiling(M, N + skew - 1, padded_floor=floor, **plan)
+        if room.one_pass and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX):
+            t, tile_skew = room, skew
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
     # 16-byte vectors (vec16) in chunks of 4096, not seven of 2048
     # (HALVED_MAX_CHUNKS); elsewhere (not FusedAdd's with ds) on whole chunks
@@ -2842,9 +2851,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         tails = two_acc or (tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16))
         tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2)) if tails else 0
         row_each = piped or two_acc   # a row per tile: its buffers counted exactly (`_pipeline_stages`)
-        # Trained odd rows: SKEW in the tile kernel, each program the tiles of one of SKEW classes of rows.
-        tile_skew = skew if trains else 0
-        if tile_skew:
+        if tile_skew:   # each program the tiles of one of SKEW classes of rows
             t = t._replace(num_tiles=tile_skew * _cdiv(_cdiv(M, tile_skew), t.rows))
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
                       depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each,
