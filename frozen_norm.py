@@ -2232,8 +2232,8 @@ def _row_norm_bwd_kernel(
     ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
     SKEW (0, or the elements of a 16-byte vector, `_row_skew`: odd rows;
     without TAIL, RELOAD, N_CONST, VEC and W_PER_TILE): rows SKEW apart lie
-    alike against a vector, so program p takes the rows of one residue
-    class, r = p % SKEW modulo SKEW, its tiles of ROWS such rows p // SKEW,
+    alike against a vector, so program p takes the rows r with r % SKEW =
+    p % SKEW, in tiles of ROWS such rows: that class's tiles p // SKEW,
     p // SKEW + P / SKEW, ... (P a multiple of SKEW; tiles_per_program
     counts the class's tiles). Each row is read in whole vectors from the
     boundary at or below its start, `skew` lanes before it (`_skewed_tile`),
@@ -2713,11 +2713,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL) and odd rows read skewed
     (SKEW_TILE_ROW_MIN); trained, odd rows read skewed in the tile kernel,
-    a program the tiles of one residue class of rows (its SKEW). RMSNorm's and FusedAdd's trained 16-bit
-    rows just past 4096 (and FusedAdd's frozen ones) as a tile of 4096 and a
-    tail (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just
-    past ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
-    ROW_BLOCK_MAX and a tail, one row per tile.
+    a program the tiles of one residue class of rows (its SKEW). RMSNorm's
+    and FusedAdd's trained 16-bit rows just past 4096 (and FusedAdd's
+    frozen ones) as a tile of 4096 and a tail (PADDED_TAIL_BLOCK_N), on the
+    persistent grid; LayerNorm's just past ROW_BLOCK_MAX with dw and db
+    both (TWO_ACC_TAIL_MAX) as a tile of ROW_BLOCK_MAX and a tail, one row
+    per tile.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked (and
     LayerNorm's with both, of ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX + 1 to
     TWO_ACC_FOLDED_ROW from PIPED_ALL_TRITON on, of TWO_ACC_FOLDED_ROW alone
