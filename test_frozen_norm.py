@@ -1422,9 +1422,9 @@ def test_skewed_tile_rows(name, N, extra):
     SKEW_RESIDUAL_FWD_ROW_MIN, its backward from SKEW_RESIDUAL_BWD_ROW_MIN);
     shorter ones, and the trained backward's, keep their tiles, the trained
     ones read skewed too where a tile has room for the SKEW - 1 lanes before
-    a row, but LayerNorm's in a tile of ROW_BLOCK_MAX (4097: SKEW spills
-    there) (recorded on meta tensors; `_row_launches` runs trained first).
-    Against float64 element by element, trained and frozen."""
+    a row, but LayerNorm's in a tile of ROW_BLOCK_MAX, where SKEW spills
+    (4097). Recorded on meta tensors (`_row_launches` runs trained first);
+    against float64 element by element, trained and frozen."""
     launches = _row_launches(name, N, N + extra)
     forward, trained, frozen = [[lc for lc in launches if lc.name.startswith(k)] for k in
                                 ("_long_row_norm_fwd", "_row_norm_bwd", "_long_row_norm_bwd")]
