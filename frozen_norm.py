@@ -1174,10 +1174,10 @@ def _is_int(d) -> bool:
 def _check_normalized_shape(x: torch.Tensor, normalized_shape) -> tuple:
     """Validates `normalized_shape` (an int, or a tuple, list or torch.Size of
     ints) against x's trailing dims; returns it as a tuple of ints."""
-    if _is_int(normalized_shape):
-        shape = (int(normalized_shape),)
-    elif isinstance(normalized_shape, (tuple, list)) and all(map(_is_int, normalized_shape)):
+    if isinstance(normalized_shape, (tuple, list)) and all(map(_is_int, normalized_shape)):
         shape = tuple(map(int, normalized_shape))   # torch.Size is a tuple
+    elif _is_int(normalized_shape):
+        shape = (int(normalized_shape),)
     else:
         kind = type(normalized_shape).__name__
         if isinstance(normalized_shape, (tuple, list)):
