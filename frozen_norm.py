@@ -1046,11 +1046,10 @@ def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
     skipped, of the `tensors`, None skipped); where it is not 0, odd rows a
     tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN),
     and the trained backward's tiles read them skewed (`_row_norm_bwd_kernel`).
-    Where N and the strides have
-    an odd common divisor, no vector fits every row; then, if the tensors
-    share an element size, each starts on a 16-byte boundary and their
-    strides agree modulo a 16-byte vector (their rows lie alike against
-    one), the elements of such a vector: each row is read whole vectors at
+    Where the greatest common divisor of N and the strides is odd, no
+    vector fits every row; then, if the tensors share an element size, each
+    starts on a 16-byte boundary and their strides agree modulo a 16-byte
+    vector (their rows lie alike against one), the elements of such a vector: each row is read whole vectors at
     a time, starting at the boundary at or below it (`_skewed_row`), and w
     and b from copies that start as far in (`_skewed_copies`), instead of
     one element a lane. Else 0: rows of multiples of 2, 4 or 8 elements
@@ -2260,8 +2259,8 @@ def _row_norm_bwd_kernel(
     first, step = pid, num_programs   # the program's first tile, and the step to its next
     skew, load, inside, body, n_w = 0, None, None, None, n_tile   # SKEW's (0 and None: unused without it)
     if SKEW:   # the tiles of the program's class, and its rows' lanes (`_skewed_row`)
-        first, step = pid // SKEW, num_programs // SKEW
-        skew = (pid % SKEW) * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
+        first, step, cls = pid // SKEW, num_programs // SKEW, pid % SKEW
+        skew = cls * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
         n_w = (skew + N + SKEW - 1) // SKEW * SKEW   # whole vectors: the lanes loaded
         load, inside, body = _skewed_lanes(cols, skew, n_w, N, SKEW)
         if HAS_W:
@@ -2280,7 +2279,7 @@ def _row_norm_bwd_kernel(
     for i in tl.range(0, tiles_per_program, num_stages=STAGES):
         rows = (first + i * step) * ROWS + tl.arange(0, ROWS)
         if SKEW:
-            rows = rows * SKEW + pid % SKEW   # the class's rows
+            rows = rows * SKEW + cls   # the class's rows
         mean, rstd = _load_row_stats(Mean, Rstd, rows, M, CENTER, padded)
         x_offs, mask = _skewed_tile(rows, cols, M, n_tile, stride_x, load, SKEW)
         dy_offs, _ = _skewed_tile(rows, cols, M, n_tile, stride_dy, load, SKEW)
@@ -2780,11 +2779,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # still a tile; but not LayerNorm's with dx and dw in a tile of
     # ROW_BLOCK_MAX (16 warps, 128 registers a thread), where ptxas spills
     # SKEW's masks and w (Triton 3.6: 192 to 352 bytes), one element a lane.
+    # Its tiles count those of each of the SKEW classes of rows (`_row_grid`'s classes).
     tile_skew = 0
     if trains and skew and t.one_pass:
         room = _row_tiling(M, N + skew - 1, padded_floor=floor, **plan)
         if room.one_pass and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX):
-            t, tile_skew = room, skew
+            t, tile_skew = room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)), skew
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
     # 16-byte vectors (vec16) in chunks of 4096, not seven of 2048
     # (HALVED_MAX_CHUNKS); elsewhere (not FusedAdd's with ds) on whole chunks
@@ -2852,8 +2852,6 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         tails = two_acc or (tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16))
         tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2)) if tails else 0
         row_each = piped or two_acc   # a row per tile: its buffers counted exactly (`_pipeline_stages`)
-        if tile_skew:   # each program the tiles of one of SKEW classes of rows
-            t = t._replace(num_tiles=tile_skew * _cdiv(_cdiv(M, tile_skew), t.rows))
         g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
                       depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each,
                       classes=max(1, tile_skew))
