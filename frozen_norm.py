@@ -1047,13 +1047,14 @@ def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
     tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN),
     and the trained backward's tiles read them skewed (`_row_norm_bwd_kernel`).
     Where the greatest common divisor of N and the strides is odd, no
-    vector fits every row; then, if the tensors share an element size, each
-    starts on a 16-byte boundary and their strides agree modulo a 16-byte
-    vector (their rows lie alike against one), the elements of such a vector: each row is read whole vectors at
-    a time, starting at the boundary at or below it (`_skewed_row`), and w
-    and b from copies that start as far in (`_skewed_copies`), instead of
-    one element a lane. Else 0: rows of multiples of 2, 4 or 8 elements
-    keep ALIGN's vectors (`_align`), and so do the multiples of 16."""
+    vector fits every row; then, if the tensors share an element size,
+    each starts on a 16-byte boundary and their strides agree modulo a
+    16-byte vector (their rows lie alike against one), the elements of
+    such a vector: each row is read whole vectors at a time, starting at
+    the boundary at or below it (`_skewed_row`), and w and b from copies
+    that start as far in (`_skewed_copies`), instead of one element a
+    lane. Else 0: rows of multiples of 2, 4 or 8 elements keep ALIGN's
+    vectors (`_align`), and so do the multiples of 16."""
     strides = [s for s in strides if s]
     if math.gcd(N, *strides) % 2 == 0:
         return 0
