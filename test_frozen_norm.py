@@ -1435,7 +1435,7 @@ def test_skewed_tile_rows(name, N, extra):
     assert len(forward) == (2 if not extra and N >= fwd_min else 0), names
     assert len(frozen) == (1 if not extra and N >= bwd_min else 0) and len(trained) == 1 + (not frozen), names
     assert {lc.constexprs["SKEW"] for lc in forward + frozen} <= {8}
-    room = 1 << (N + 7 - 1).bit_length()   # the tile of the row and the 7 lanes before it
+    room = fn._pow2(N + 7)   # the tile of the row and the 7 lanes before it
     per_lane = extra or room > fn.ROW_BLOCK_MAX or (name == "ln" and room == fn.ROW_BLOCK_MAX)
     assert trained[0].constexprs["SKEW"] == (0 if per_lane else 8)
     layout = _row_stride(N + extra) if extra else None
