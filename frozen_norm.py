@@ -2583,7 +2583,7 @@ def _row_norm_dwdb_kernel(
     M, N, stride_dy, stride_x, rows_per_split,
     CENTER: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, LAST_FIRST: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr,
 ):
     """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows, for long rows.
 
@@ -2605,34 +2605,51 @@ def _row_norm_dwdb_kernel(
     CENTER False removes the mean (RMSNorm). STAGES is the software pipeline's
     depth over the row blocks. LAST_FIRST: the order of the rows (above).
     ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
+    SKEW (0, or the elements of a 16-byte vector, `_row_skew`: odd rows):
+    the grid is (cdiv(N + SKEW - 1, BLOCK_N), S * SKEW), program (j, s)
+    summing the rows r of slice s // SKEW with r % SKEW = s % SKEW (rows
+    SKEW apart lie alike against a vector; rows_per_split a multiple of
+    SKEW * BLOCK_M) into row s. Each row is read in whole vectors from the
+    boundary at or below its start (`_skewed_tile`), lane c of column block
+    j holding column j * BLOCK_N + c - skew; the lanes outside the row sum
+    a neighbour's elements, or bytes past the tensor, into accumulators of
+    their own, which no store writes, so no select is needed. 0 removes it.
     """
     N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
-    row_start = split * rows_per_split
+    first, step, skew, load, lanes = 0, 1, 0, None, cols   # SKEW's (unused without it)
+    if SKEW:   # the rows of one class of the slice split // SKEW
+        first, step = split % SKEW, SKEW
+        skew = first * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
+        load = cols < (skew + N + SKEW - 1) // SKEW * SKEW   # the row's whole vectors
+        lanes = cols - skew   # the columns the lanes hold
+    row_start = split // step * rows_per_split
     row_end = tl.minimum(M, row_start + rows_per_split)
-    blocks = tl.cdiv(row_end - row_start, BLOCK_M)
+    blocks = tl.cdiv(tl.cdiv(row_end - row_start - first, step), BLOCK_M)
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for i in tl.range(0, blocks, num_stages=STAGES):
         block = i
         if LAST_FIRST:
             block = blocks - 1 - i
-        rows = row_start + block * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = row_start + first + (block * BLOCK_M + tl.arange(0, BLOCK_M)) * step
         mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)   # dw's alone: dead code without it
-        dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
+        dy_offs, mask = _skewed_tile(rows, cols, row_end, N, stride_dy, load, SKEW)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
         if COMPUTE_DW:
-            x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
+            x_offs, _ = _skewed_tile(rows, cols, row_end, N, stride_x, load, SKEW)
             x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
             dw_acc += dy * tl.where(mask, _xhat(x, mean[:, None], rstd[:, None], CENTER), 0.0)
         if COMPUTE_DB:
             db_acc += dy
-    out = split.to(tl.int64) * N + cols
+    out, in_row = split.to(tl.int64) * N + lanes, lanes < N
+    if SKEW:
+        in_row = in_row & (lanes >= 0)
     if COMPUTE_DW:
-        tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=cols < N)
+        tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=in_row)
     if COMPUTE_DB:
-        tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=cols < N)
+        tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=in_row)
 
 
 def _row_norm_outputs(x, residual, center, N):
@@ -2879,7 +2896,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is
         # captured (`_dwdb_beside`).
-        beside = compute_dx and trains and _dwdb_beside(x.device)
+        beside = compute_dx and trains and not skew and _dwdb_beside(x.device)   # odd rows' partials: after
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
@@ -2909,12 +2926,12 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             if compute_dx:
                 launch_dx()
             if trains:
-                dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db)
+                dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
 
-def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_share=None):
+def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0, beside_share=None):
     """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
     partials, or dw and db themselves, filled, when S = 1.
@@ -2926,7 +2943,9 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
     whole number of row steps: one slice where the column blocks alone do
     (N > 8384 on an H200) or M is at most one step. Beside it (a
     `beside_share`): one slice, in about that many programs per SM (see
-    DW_BESIDE_GRAPH).
+    DW_BESIDE_GRAPH). With `skew` (SKEW of odd rows; not beside), each
+    slice's rows by their classes, SKEW programs a slice and column block,
+    whose partial rows the caller reduces.
     """
     compute_dw, compute_db = dw is not None, db is not None
     block_m, block_n, warps, max_registers = DW_BLOCK_M, DW_BLOCK_N, DW_WARPS, None
@@ -2944,10 +2963,11 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
                 _cdiv(N, block_n) > per_sm * sms
                 or (_cdiv(M, block_m) < DW_FLAT_ROW_STEPS and _cdiv(N, 2 * block_n) >= sms)):
             block_m, block_n = block_m // 2, block_n * 2
-    col_blocks = _cdiv(N, block_n)
-    splits = 1 if beside else max(1, min(_cdiv(M, block_m), _cdiv(sms, col_blocks)))
-    rows_per_split = _cdiv(_cdiv(M, splits), block_m) * block_m
-    splits = _cdiv(M, rows_per_split)
+    classes = max(1, skew)
+    col_blocks = _cdiv(N + classes - 1, block_n)
+    splits = 1 if beside else max(1, min(_cdiv(M, block_m * classes), _cdiv(sms, col_blocks * classes)))
+    rows_per_split = _cdiv(_cdiv(M, splits), block_m * classes) * block_m * classes
+    splits = _cdiv(M, rows_per_split) * classes
     dw_partial, db_partial = _sum_targets(splits, dw, db)
     tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw else None)
     _row_norm_dwdb_kernel[(col_blocks, splits)](
@@ -2955,8 +2975,8 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, beside_
         M, N, stride_dy, stride_x, rows_per_split,
         CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
         BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
-        LAST_FIRST=not beside, ALIGN=_align(N, stride_dy, stride_x), num_warps=warps, maxnreg=max_registers,
-        enable_fp_fusion=FP_FUSION)
+        LAST_FIRST=not beside, ALIGN=_align(N, stride_dy, stride_x), SKEW=skew, num_warps=warps,
+        maxnreg=max_registers, enable_fp_fusion=FP_FUSION)
     return dw_partial, db_partial
 
 

@@ -2832,6 +2832,37 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("dtype, beside", [(torch.bfloat16, False), (torch.float32, False), (torch.bfloat16, True)])
+def test_skewed_dwdb(name, dtype, beside, monkeypatch):
+    """The dw/db kernel of trained odd rows past the tile (`_long_rows_from`
+    64: rows of 127, whose lanes cross a column block of 64 where the row
+    does not) reads them skewed, each program the rows of one class
+    of its slice (its SKEW): recorded on meta tensors, SKEW programs per
+    slice and column block, the column blocks covering N + SKEW - 1 lanes.
+    Never beside the dx kernel (DW_BESIDE_EAGER), whose one launch leaves
+    no partials to reduce. Then 77 rows in slices of 4 rows a class (3 of
+    8, 5 of 4), against float64 element by element for every pattern that
+    trains a parameter: a column off by its skew, or a class's row summed
+    twice or not at all, would show."""
+    from bench_frozen_norm import record_backward
+    _long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "DW_BLOCK_M", 4)
+    monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
+    monkeypatch.setattr(fn, "_num_sms", lambda device: 1000)
+    skew = 16 // dtype.itemsize
+    want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
+    dwdb, = [lc for lc in record_backward(name, (77, 127), want, dtype, 1000).launches
+             if lc.name == "_row_norm_dwdb_kernel"]
+    assert dwdb.constexprs["SKEW"] == skew and dwdb.constexprs["LAST_FIRST"]   # after the dx kernel
+    assert dwdb.grid[1] == skew * -(-77 // (4 * skew))   # slices of 4 rows a class
+    assert dwdb.grid[0] * dwdb.constexprs["BLOCK_N"] >= 127 + skew - 1
+    op = OPS[name]
+    for params, inputs in freeze_patterns(op):
+        if TRAIN in params.values() and all(inputs.values()):
+            check_op(op, (77, 127), dtype, params, inputs, elementwise=True)
+
+
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_dwdb_flatter_tiles(name):
     """The dw/db kernel after the dx kernel starts from DW_BLOCK_M x
     DW_BLOCK_N tiles and makes them flatter while its column blocks would
@@ -2850,10 +2881,11 @@ def test_dwdb_flatter_tiles(name):
              ((512, 131072), 132, (8, 512)), ((256, 262144), 132, (4, 1024)),
              ((37, 8300), 60, (32, 128)), ((37, 8300), 80, (64, 64)), ((37, 9001), fn.INTERPRETER_SMS, (4, 1024))]
     for (M, N), sms, tile in cases:
-        dwdb = record_backward(name, (M, N), want, num_sms=sms).launches[-1]
-        assert dwdb.name == "_row_norm_dwdb_kernel"
+        dwdb, = [lc for lc in record_backward(name, (M, N), want, num_sms=sms).launches
+                 if lc.name == "_row_norm_dwdb_kernel"]
         assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile, ((M, N), sms, dwdb)
-        assert dwdb.grid[0] == -(-N // tile[1]) and dwdb.num_warps == fn.DW_WARPS
+        lanes = N + max(1, dwdb.constexprs["SKEW"]) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
+        assert dwdb.grid[0] == -(-lanes // tile[1]) and dwdb.num_warps == fn.DW_WARPS
     check_op(OPS[name], (37, 9001), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
 
