@@ -52,7 +52,8 @@ What you will learn by reading it
   forwards and untrained backwards of such rows leave the tiles, whose rows
   lie each at another skew, for a row a program (SKEW_TILE_ROW_MIN), and
   the trained tiles give each program rows SKEW apart, which lie alike, so
-  that its dw and db sums keep one frame of lanes.
+  that its dw and db sums keep one frame of lanes (and so do some shorter
+  rows' tiles, and the dw/db kernel of long rows).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -383,10 +384,21 @@ LONG_FWD_PRESUM_AFTER = 24576
 # program would leave dw and db to a kernel reading x and dy again) and
 # reads them skewed there: rows SKEW apart lie alike against a vector, so
 # each program takes the rows of one residue class and its accumulators
-# keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW).
+# keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW). So do the shorter
+# rows' tiles, a class of rows a tile, where that measured faster than one
+# element a lane (NOTES.md, section 6): the forwards of FusedAdd's rows from
+# SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose tile, of
+# SKEW_TILE_FWD_BLOCK_MIN lanes or more, has room for the lanes before the
+# row too (narrower tiles measured slower: perhaps the edge lanes, loaded
+# again, weigh more there), and the frozen backwards of both where the row
+# and those lanes do not leave the tile padded (PADDED_ROW_FILL).
+# LayerNorm's measured slower or faster by the row length, with no rule we
+# found: one element a lane.
 SKEW_TILE_ROW_MIN = 512
 SKEW_RESIDUAL_FWD_ROW_MIN = 4096
 SKEW_RESIDUAL_BWD_ROW_MIN = 1024
+SKEW_RESIDUAL_TILE_FWD_ROW_MIN = 384
+SKEW_TILE_FWD_BLOCK_MIN = 128
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -1045,7 +1057,7 @@ def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
     """SKEW of a long-row launch on rows of N elements (row `strides`, 0s
     skipped, of the `tensors`, None skipped); where it is not 0, odd rows a
     tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN),
-    and the trained backward's tiles read them skewed (`_row_norm_bwd_kernel`).
+    and the tiles read the others skewed (`_skewed_tiles`).
     Where the greatest common divisor of N and the strides is odd, no
     vector fits every row; then, if the tensors share an element size,
     each starts on a 16-byte boundary and their strides agree modulo a
@@ -1065,6 +1077,17 @@ def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
             or any((s - strides[0]) % vec for s in strides)):
         return 0
     return vec
+
+
+def _skewed_tiles(M: int, N: int, skew: int, **plan) -> Optional["_RowTiling"]:
+    """The tiling (`_row_tiling` with `plan`) of M odd rows of N read skewed
+    in a tile kernel (their SKEW = skew > 0): a tile with room for the
+    skew - 1 lanes before a row, num_tiles counting the tiles of each of
+    the skew classes of rows (r % skew: a tile holds rows of one class,
+    which lie alike against a vector), a multiple of skew. None where no
+    tile holds N + skew - 1 lanes."""
+    room = _row_tiling(M, N + skew - 1, **plan)
+    return room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)) if room.one_pass else None
 
 
 def _skewed_copies(v: Optional[torch.Tensor], N: int, skew: int) -> Optional[torch.Tensor]:
@@ -1375,6 +1398,28 @@ def _tile(rows, cols, M, N, stride):
     offsets = rows[:, None].to(tl.int64) * stride + cols[None, :]
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     return offsets, mask
+
+
+@triton.jit
+def _skewed_tile(rows, cols, M, N, stride, lanes, SKEW: tl.constexpr):
+    """`_tile`, or with SKEW a tile of rows of one skew (the tile kernels'
+    SKEW: rows SKEW apart): each row read from the SKEW boundary at or below
+    its start (`_skewed_base`: the compiler sees the multiple), so lane c
+    holds element c - skew; `lanes` is then the column mask (unused without
+    SKEW)."""
+    if SKEW:
+        offsets = _skewed_base(rows[:, None].to(tl.int64) * stride, SKEW) + cols[None, :]
+        mask = (rows < M)[:, None] & lanes[None, :]
+    else:
+        offsets, mask = _tile(rows, cols, M, N, stride)
+    return offsets, mask
+
+
+@triton.jit
+def _skewed_copy(V, skew, N, SKEW: tl.constexpr):
+    """Copy `skew` of w's or b's `_skewed_copies` (a tile kernel's: N at run
+    time, `_skewed_copy_length`'s formula written out)."""
+    return V + skew * ((N + SKEW + 15) // 16 * 16)
 
 
 @triton.jit
@@ -1750,16 +1795,19 @@ def _spans_channels(HW, PRESUM):
 
 
 @triton.jit
-def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr):
+def _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL: tl.constexpr,
+                    lanes, stored, SKEW: tl.constexpr):
     """x of a tile in fp32, and its mask. With HAS_RESIDUAL: x + r, rounded to S's
-    dtype and stored to S, because the next block sees (and we normalize) that."""
-    x_offs, mask = _tile(rows, cols, M, N, stride_x)
+    dtype and stored to S, because the next block sees (and we normalize) that.
+    With SKEW, rows of one skew (`_skewed_tile`): lanes `lanes` loaded, s
+    stored on lanes `stored` (both unused without SKEW)."""
+    x_offs, mask = _skewed_tile(rows, cols, M, N, stride_x, lanes, SKEW)
     x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        r_offs, _ = _tile(rows, cols, M, N, stride_r)
-        s_offs, _ = _tile(rows, cols, M, N, stride_s)
+        r_offs, _ = _skewed_tile(rows, cols, M, N, stride_r, lanes, SKEW)
+        s_offs, s_mask = _skewed_tile(rows, cols, M, N, stride_s, stored, SKEW)
         s = (x + tl.load(R + r_offs, mask=mask, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
-        tl.store(S + s_offs, s, mask=mask)
+        tl.store(S + s_offs, s, mask=s_mask)
         x = s.to(tl.float32)
     return x, mask
 
@@ -1771,7 +1819,7 @@ def _row_norm_fwd_kernel(
     OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr,
-    ALIGN: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr,
 ):
     """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
 
@@ -1795,15 +1843,42 @@ def _row_norm_fwd_kernel(
     VEC is 0, or the elements of the vectors loaded (`tl.max_contiguous`
     caps what Triton may assume contiguous); 0 removes the hint.
     ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
+    SKEW (0, or the elements of a 16-byte vector, `_row_skew`: odd rows;
+    without N_CONST and VEC): the grid is (SKEW * cdiv(cdiv(M, SKEW), ROWS),),
+    program p taking the rows r with r % SKEW = p % SKEW, its tile the
+    (p // SKEW)-th ROWS of them (rows SKEW apart lie alike against a vector).
+    Each row is read in whole vectors from the boundary at or below its
+    start (`_skewed_tile`), W and B are the class's copies (`_skewed_copies`),
+    the lanes outside the row are set to 0 before the sums, y (and s) are
+    stored in whole vectors, and their at most 2 (SKEW - 1) other lanes one
+    by one from loads of their own (`_skew_edges`). 0 removes it all: a lane
+    a column, loads in vectors only where ALIGN allows.
     """
     N, stride_x, stride_r = _aligned(N, ALIGN), _aligned(stride_x, ALIGN), _aligned(stride_r, ALIGN)
     stride_s, stride_y = _aligned(stride_s, ALIGN), _aligned(stride_y, ALIGN)
     if N_CONST:
         N = N_CONST   # the row length as a compile-time constant
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tl.static_assert(SKEW == 0 or not (N_CONST or VEC))
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
     cols = _tile_columns(BLOCK_N, VEC)
-    x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL)
+    skew, load, inside, body, n_w = 0, None, None, None, N   # SKEW's (0 and None: unused without it)
+    if SKEW:   # the rows of the program's class, and their lanes (`_skewed_row`)
+        cls = pid % SKEW
+        rows = (pid // SKEW * ROWS + tl.arange(0, ROWS)) * SKEW + cls
+        skew = cls * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
+        n_w = (skew + N + SKEW - 1) // SKEW * SKEW   # whole vectors: the lanes loaded
+        load, inside, body = _skewed_lanes(cols, skew, n_w, N, SKEW)
+        if HAS_W:
+            W = _skewed_copy(W, skew, N, SKEW)
+        if HAS_B:
+            B = _skewed_copy(B, skew, N, SKEW)
+    x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL,
+                              load, body, SKEW)
+    if SKEW:   # the row's own lanes: the others hold a neighbour's elements
+        mask = (rows < M)[:, None] & inside[None, :]
+        x = tl.where(mask, x, 0.0)
     mean, m2 = _chunk_moments(x, mask, N, CENTER)
     rstd = 1.0 / tl.sqrt(m2 / N + eps)
     # The statistics before y: a [ROWS] store first moves the values through
@@ -1812,14 +1887,21 @@ def _row_norm_fwd_kernel(
     tl.store(Rstd + rows, rstd, mask=rows < M)
     if CENTER:
         tl.store(Mean + rows, mean, mask=rows < M)
-    y_offs, _ = _tile(rows, cols, M, N, stride_y)
+    y_offs, y_mask = _skewed_tile(rows, cols, M, N, stride_y, body, SKEW)
     # Not `_xhat`: x - mean is the subtraction `_chunk_moments` made for m2,
     # and reused it leaves one tile of values live through the row reductions
     # where x * rstd - mean * rstd keeps x and x - mean both (ptxas of Triton
     # 3.6: 78 registers instead of 63 at BLOCK_N 8192, three 8-warp programs
     # per SM instead of four; NOTES.md, section 6).
-    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, N, OFFSET, HAS_W, HAS_B)
-    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=mask)
+    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, n_w, OFFSET, HAS_W, HAS_B)
+    tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=y_mask)
+    if SKEW:   # the lanes in no whole vector, one by one, from loads of their own
+        e_cols, e_lanes = _skew_edges(skew, N, SKEW)
+        x_e, _ = _load_row_input(X, R, S, rows, e_cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL,
+                                 e_lanes, e_lanes, SKEW)
+        y_e = _row_affine((x_e - mean[:, None]) * rstd[:, None], W, B, e_cols, n_w, OFFSET, HAS_W, HAS_B)
+        ye_offs, e_mask = _skewed_tile(rows, e_cols, M, N, stride_y, e_lanes, SKEW)
+        tl.store(Y + ye_offs, y_e.to(Y.dtype.element_ty), mask=e_mask)
 
 
 @triton.jit
@@ -2101,20 +2183,6 @@ def _tile_dx(g, xhat, c1, c2, rstd, CENTER: tl.constexpr):
 
 
 @triton.jit
-def _skewed_tile(rows, cols, M, N, stride, lanes, SKEW: tl.constexpr):
-    """`_tile`, or with SKEW a tile of rows of one skew (`_row_norm_bwd_kernel`'s
-    SKEW): each row read from the SKEW boundary at or below its start
-    (`_skewed_base`: the compiler sees the multiple), so lane c holds element
-    c - skew; `lanes` is then the column mask (unused without SKEW)."""
-    if SKEW:
-        offsets = _skewed_base(rows[:, None].to(tl.int64) * stride, SKEW) + cols[None, :]
-        mask = (rows < M)[:, None] & lanes[None, :]
-    else:
-        offsets, mask = _tile(rows, cols, M, N, stride)
-    return offsets, mask
-
-
-@triton.jit
 def _store_dx(DX, DS, dx, rows, cols, M, N, stride_ds, stride_dx, HAS_DS: tl.constexpr, lanes, SKEW: tl.constexpr):
     """dx (+ ds with HAS_DS) of a tile's rows and columns, stored in DX's
     dtype; with SKEW, lanes `lanes` of rows of one skew (`_skewed_tile`)."""
@@ -2265,7 +2333,7 @@ def _row_norm_bwd_kernel(
         n_w = (skew + N + SKEW - 1) // SKEW * SKEW   # whole vectors: the lanes loaded
         load, inside, body = _skewed_lanes(cols, skew, n_w, N, SKEW)
         if HAS_W:
-            W += skew * ((N + SKEW + 15) // 16 * 16)   # its copy of w: `_skewed_copy_length` at run time
+            W = _skewed_copy(W, skew, N, SKEW)
     if HAS_W and not W_PER_TILE:
         w_held = _load_scale(W, cols, n_w, OFFSET)   # in registers through the loop
         if TAIL:
@@ -2693,13 +2761,26 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     else:   # FusedAdd's forward holds longer rows in a tile (RESIDUAL_ROW_BLOCK_MAX), 16-byte vectors; one sum
         plan = dict(block_max=RESIDUAL_ROW_BLOCK_MAX, skewed=skewed)
         t, vec = _wide_chunks(_row_tiling(M, N, **plan), x, M, N, **plan), 0
+    # Odd rows a tile holds (too short for the long-row kernel): read skewed
+    # there (`_row_norm_fwd_kernel`'s SKEW), in a tile with room for the
+    # lanes before a row, where that measured faster: FusedAdd's from
+    # SKEW_RESIDUAL_TILE_FWD_ROW_MIN, RMSNorm's where that room is the row's
+    # own tile, of SKEW_TILE_FWD_BLOCK_MIN lanes or more; not LayerNorm's.
+    tile_skew = 0
+    if skew and t.one_pass and not vec and not center:
+        room = _skewed_tiles(M, N, skew, **plan)
+        if room and (N >= SKEW_RESIDUAL_TILE_FWD_ROW_MIN if residual is not None
+                     else room.block_n == t.block_n >= SKEW_TILE_FWD_BLOCK_MIN):
+            t, tile_skew = room, skew
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
                 enable_fp_fusion=FP_FUSION)
     if t.one_pass:
-        _row_norm_fwd_kernel[(t.num_tiles,)](x, residual, s, y, weight, bias, mean, rstd, M, N, *strides,
+        _row_norm_fwd_kernel[(t.num_tiles,)](x, residual, s, y, _skewed_copies(weight, N, tile_skew),
+                                             _skewed_copies(bias, N, tile_skew), mean, rstd, M, N, *strides,
                                              float(eps), ROWS=t.rows, N_CONST=N if vec else 0, VEC=vec,
-                                             maxnreg=_forward_register_cap(t, x, N, vec, center), **meta)
+                                             SKEW=tile_skew, maxnreg=_forward_register_cap(t, x, N, vec, center),
+                                             **meta)
     else:
         w_copies, b_copies = _skewed_copies(weight, N, skew), _skewed_copies(bias, N, skew)
         _long_row_norm_fwd_kernel[(M,)](x, residual, s, y, w_copies, b_copies, mean, rstd, *strides, 1, 1,
@@ -2729,8 +2810,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     rows on an H200 at N = 4096: 4.3 MB); with neither, one program per tile,
     or one per row by `_long_row_norm_bwd_kernel` for rows that fill their
     tile poorly (PADDED_ROW_FILL) and odd rows read skewed
-    (SKEW_TILE_ROW_MIN); trained, odd rows read skewed in the tile kernel,
-    a program the tiles of one residue class of rows (its SKEW). RMSNorm's
+    (SKEW_TILE_ROW_MIN); trained (and RMSNorm's and FusedAdd's shorter
+    frozen rows that do not pad their tile), odd rows read skewed in the
+    tile kernel, a program the tiles of one residue class of rows (its
+    SKEW). RMSNorm's
     and FusedAdd's trained 16-bit rows just past 4096 (and FusedAdd's
     frozen ones) as a tile of 4096 and a tail (PADDED_TAIL_BLOCK_N), on the
     persistent grid; LayerNorm's just past ROW_BLOCK_MAX with dw and db
@@ -2792,17 +2875,25 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None, skewed=skewed)
     floor = _padded_floor(x, mean is not None)
     t = _row_tiling(M, N, padded_floor=floor, **plan)
-    # Trained odd rows a tile holds: read skewed there (`_row_norm_bwd_kernel`'s
+    # Odd rows a tile holds, trained: read skewed there (`_row_norm_bwd_kernel`'s
     # SKEW), in a tile with room for the lanes before a row where that is
     # still a tile; but not LayerNorm's with dx and dw in a tile of
     # ROW_BLOCK_MAX (16 warps, 128 registers a thread), where ptxas spills
     # SKEW's masks and w (Triton 3.6: 192 to 352 bytes), one element a lane.
-    # Its tiles count those of each of the SKEW classes of rows (`_row_grid`'s classes).
+    # Frozen (too short for the long-row kernel), RMSNorm's and FusedAdd's,
+    # where the row and those lanes do not leave the tile padded
+    # (PADDED_ROW_FILL), which measured slower; not LayerNorm's, nor where
+    # they do. Its tiles count those of each of the SKEW classes of rows
+    # (`_skewed_tiles`).
     tile_skew = 0
-    if trains and skew and t.one_pass:
-        room = _row_tiling(M, N + skew - 1, padded_floor=floor, **plan)
-        if room.one_pass and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX):
-            t, tile_skew = room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)), skew
+    if skew and t.one_pass and (trains or mean is None):
+        room = _skewed_tiles(M, N, skew, padded_floor=floor, **plan)
+        if trains:
+            fits = room and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX)
+        else:
+            fits = room and not _fills_poorly(N + skew - 1, room.block_n, PADDED_ROW_FILL)
+        if fits:
+            t, tile_skew = room, skew
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
     # 16-byte vectors (vec16) in chunks of 4096, not seven of 2048
     # (HALVED_MAX_CHUNKS); elsewhere (not FusedAdd's with ds) on whole chunks

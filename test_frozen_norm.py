@@ -1411,6 +1411,21 @@ def test_skewed_rows(name, N, extra, dtype, skew, monkeypatch):
         check_op(OPS[name], (9, N), dtype, params, _with_grads(name), layout=layout, elementwise=True)
 
 
+def _untrained_tiles_skewed(name, N, skew):
+    """Whether the forward's and the frozen backward's tiles of odd rows of N
+    (too short for the long-row kernels) read them skewed, by the rules
+    `_row_norm_forward` and `_row_norm_backward` state: FusedAdd's forward
+    from SKEW_RESIDUAL_TILE_FWD_ROW_MIN, RMSNorm's where the lanes before a
+    row keep it in its tile of SKEW_TILE_FWD_BLOCK_MIN lanes or more; the
+    frozen backward's of both where the row and those lanes fill more than
+    PADDED_ROW_FILL of their tile; LayerNorm's never."""
+    room = fn._pow2(N + skew - 1)
+    forward = (name == "fadd" and N >= fn.SKEW_RESIDUAL_TILE_FWD_ROW_MIN
+               or name == "rms" and room == fn._pow2(N) >= fn.SKEW_TILE_FWD_BLOCK_MIN)
+    frozen = name != "ln" and N + skew - 1 > fn.PADDED_ROW_FILL * room
+    return forward, frozen
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 @pytest.mark.parametrize("N, extra", [(511, 0), (577, 0), (1001, 0), (1025, 0), (4097, 0),
                                       (8189, 0),    # trained: no room in a tile for the lanes before a row
@@ -1420,10 +1435,10 @@ def test_skewed_tile_rows(name, N, extra):
     the forward and in the backward that trains nothing, from
     SKEW_TILE_ROW_MIN elements on (FusedAdd's forward from
     SKEW_RESIDUAL_FWD_ROW_MIN, its backward from SKEW_RESIDUAL_BWD_ROW_MIN);
-    shorter ones, and the trained backward's, keep their tiles, the trained
-    ones read skewed too where a tile has room for the SKEW - 1 lanes before
-    a row, but LayerNorm's in a tile of ROW_BLOCK_MAX, where SKEW spills
-    (4097). Recorded on meta tensors (`_row_launches` runs trained first);
+    shorter ones, and the trained backward's, keep their tiles and read
+    them skewed there, the trained ones where a tile has room for the SKEW
+    - 1 lanes before a row, but not LayerNorm's in a tile of ROW_BLOCK_MAX,
+    where SKEW spills (4097), the others by `_untrained_tiles_skewed`. Recorded on meta tensors (`_row_launches` runs trained first);
     against float64 element by element, trained and frozen."""
     launches = _row_launches(name, N, N + extra)
     forward, trained, frozen = [[lc for lc in launches if lc.name.startswith(k)] for k in
@@ -1438,6 +1453,11 @@ def test_skewed_tile_rows(name, N, extra):
     room = fn._pow2(N + 7)   # the tile of the row and the 7 lanes before it
     per_lane = extra or room > fn.ROW_BLOCK_MAX or (name == "ln" and room == fn.ROW_BLOCK_MAX)
     assert trained[0].constexprs["SKEW"] == (0 if per_lane else 8)
+    tiles = [lc for lc in launches if lc.name == "_row_norm_fwd_kernel"]
+    assert len(tiles) == 2 - len(forward) and len(trained) == 2 - len(frozen), names
+    fwd_skewed, frozen_skewed = _untrained_tiles_skewed(name, N, 8)
+    assert {lc.constexprs["SKEW"] for lc in tiles} <= {8 if fwd_skewed and not extra else 0}
+    assert {lc.constexprs["SKEW"] for lc in trained[1:]} <= {8 if frozen_skewed and not extra else 0}
     layout = _row_stride(N + extra) if extra else None
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
         check_op(OPS[name], (9, N), torch.bfloat16, params, _with_grads(name), layout=layout, elementwise=True)
@@ -1446,30 +1466,45 @@ def test_skewed_tile_rows(name, N, extra):
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 @pytest.mark.parametrize("N, dtype, extra", [
     (3, torch.bfloat16, 0),      # rows inside one vector: a lane can be in both edges (`_skew_edges`)
-    (161, torch.bfloat16, 0),    # several rows a tile
+    (161, torch.bfloat16, 0),    # several rows a tile; RMSNorm's forward
+    (449, torch.bfloat16, 0),    # RMSNorm's and FusedAdd's forward and frozen backward
     (1021, torch.bfloat16, 0),   # within SKEW - 1 of 1024: the tile of 2048 holds the lanes before a row
-    (577, torch.float32, 0),     # fp32: vectors of 4 elements, 4 classes
+    (449, torch.float32, 0),     # fp32: vectors of 4 elements, 4 classes
     (161, torch.bfloat16, 8)])   # a row stride of N + 8: every row lies as without it
-def test_skewed_trained_tiles(name, N, dtype, extra, monkeypatch):
-    """The trained backward of odd rows a tile holds reads them skewed (SKEW
-    in `_row_norm_bwd_kernel`), each program the tiles of one class of rows,
-    SKEW apart: recorded on meta tensors, SKEW the elements of a vector and
-    tiles of N + SKEW - 1 lanes at least. Then 77 rows (classes of 9 and 10)
-    on one program a class (`_programs_per_sm` 1 on one SM), so that each
-    program loops over its class's tiles, against float64 element by
-    element, for every pattern that trains a parameter (with dx and
-    without): a dw or db lane left in its skewed frame, a row of another
-    class, or a dx edge missed would show; twice, the same bits."""
+def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
+    """Odd rows a tile holds are read skewed there (the tile kernels' SKEW),
+    each program taking the tiles of one class of rows, SKEW apart: the
+    trained backward's, and the forward's and frozen backward's too short
+    for the long-row kernels (SKEW_TILE_ROW_MIN, FusedAdd's own minimums)
+    by `_untrained_tiles_skewed`. Recorded on meta tensors: SKEW the
+    elements of a vector, tiles of N + SKEW - 1 lanes at least, the grid a
+    multiple of SKEW where it is not 0. Then 77 rows (classes of 9 and 10)
+    on one program a class where the grid is persistent (`_programs_per_sm`
+    1 on one SM), so that each program loops over its class's tiles,
+    against float64 element by element, the outputs and every gradient, for
+    every freeze pattern: a dw or db lane left in its skewed frame, a row of
+    another class, or an edge of y, s or dx missed would show; twice, the
+    same bits."""
     skew = 16 // dtype.itemsize
-    trained = [lc for lc in _row_launches(name, N, N + extra, dtype=dtype) if lc.name == "_row_norm_bwd_kernel"]
-    assert trained and trained[0].constexprs["SKEW"] == skew
-    assert trained[0].constexprs["BLOCK_N"] >= N + skew - 1 and trained[0].grid[0] % skew == 0
+    launches = _row_launches(name, N, N + extra, dtype=dtype)
+    tiles = [lc for lc in launches if lc.name in ("_row_norm_fwd_kernel", "_row_norm_bwd_kernel")]
+    fwd_min, bwd_min = ((fn.SKEW_RESIDUAL_FWD_ROW_MIN, fn.SKEW_RESIDUAL_BWD_ROW_MIN) if name == "fadd" else
+                        (fn.SKEW_TILE_ROW_MIN, fn.SKEW_TILE_ROW_MIN))
+    fwd_skewed, frozen_skewed = _untrained_tiles_skewed(name, N, skew)
+    forward = [lc for lc in tiles if lc.name == "_row_norm_fwd_kernel"]
+    trained, frozen = [[lc for lc in tiles if lc.name == "_row_norm_bwd_kernel"][i:i + 1] for i in (0, 1)]
+    assert len(trained) == 1 and len(forward) == 2 * (N < fwd_min) and len(frozen) == (N < bwd_min), launches
+    for group, skewed in ((trained, True), (forward, fwd_skewed), (frozen, frozen_skewed)):
+        for lc in group:
+            assert lc.constexprs["SKEW"] == (skew if skewed else 0), lc
+            if skewed:
+                assert lc.constexprs["BLOCK_N"] >= N + skew - 1 and lc.grid[0] % skew == 0, lc
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1)
     monkeypatch.setattr(fn, "_programs_per_sm", lambda num_warps: 1)
     layout = _row_stride(N + extra) if extra else None
     op = OPS[name]
     for params, inputs in freeze_patterns(op):
-        if TRAIN in params.values() and all(inputs.values()) or (params == ALL_TRAIN[name] and not inputs["x"]):
+        if all(inputs.values()) or (params == ALL_TRAIN[name] and not inputs["x"]):
             check_op(op, (77, N), dtype, params, inputs, layout=layout, elementwise=True)
     d = prepare(op, (77, N), dtype, ALL_TRAIN[name], _with_grads(name))
     _assert_same_bits_twice(op, d)
