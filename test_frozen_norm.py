@@ -2778,10 +2778,12 @@ def test_backward_flags_follow_needs_input_grad(name, path, shape, groups, monke
 # A backward kernel that leaves one row of dw/db sums writes the gradients
 # themselves (`_sum_targets`): no scratch, no reduction launch. On an H200 (132
 # SMs): the long-row dw/db kernel on rows past 8384 (its 64-column blocks fill
-# the SMs alone, so one slice walks all rows), the tile kernel with one tile,
-# GroupNorm with one sample (its own kernels and the long-row ones).
+# the SMs alone, so one slice walks all rows; but odd rows, read by classes of
+# rows, a partial row each), the tile kernel with one tile, GroupNorm with one
+# sample (its own kernels and the long-row ones).
 ONE_ROW_OF_SUMS = [
-    ("rms", (2048, 32768), True), ("ln", (2048, 8385), True), ("ln", (2048, 8384), False),
+    ("rms", (2048, 32768), True), ("ln", (1024, 32768), True), ("ln", (2048, 8384), False),
+    ("ln", (2048, 8385), False),
     ("rms", (2, 100), True), ("rms", (2048, 4096), False),
     ("gn", (1, 512, 256, 256, 32), True), ("gn", (1, 64, 8, 8, 4), True), ("gn", (2, 64, 8, 8, 4), False),
 ]
