@@ -386,19 +386,19 @@ LONG_FWD_PRESUM_AFTER = 24576
 # each program takes the rows of one residue class and its accumulators
 # keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW). So do the shorter
 # rows' tiles, a class of rows a tile, where that measured faster than one
-# element a lane (NOTES.md, section 6): the forwards of FusedAdd's rows from
-# SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose tile, of
-# SKEW_TILE_FWD_BLOCK_MIN lanes or more, has room for the lanes before the
-# row too (narrower tiles measured slower: perhaps the edge lanes, loaded
-# again, weigh more there), and the frozen backwards of both where the row
-# and those lanes do not leave the tile padded (PADDED_ROW_FILL).
-# LayerNorm's measured slower or faster by the row length, with no rule we
-# found: one element a lane.
+# element a lane (NOTES.md, section 6), in tiles of SKEW_TILE_BLOCK_MIN lanes
+# or more (narrower ones measured slower; our guess: rows SKEW apart, of a
+# few dozen bytes each, scatter a tile's loads over many DRAM bursts): the
+# forwards of FusedAdd's rows from SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of
+# RMSNorm's whose own tile has room for the lanes before the row too, and
+# the frozen backwards of both where the row and those lanes do not leave
+# the tile padded (PADDED_ROW_FILL). LayerNorm's measured slower or faster
+# by the row length, with no rule we found: one element a lane.
 SKEW_TILE_ROW_MIN = 512
 SKEW_RESIDUAL_FWD_ROW_MIN = 4096
 SKEW_RESIDUAL_BWD_ROW_MIN = 1024
 SKEW_RESIDUAL_TILE_FWD_ROW_MIN = 384
-SKEW_TILE_FWD_BLOCK_MIN = 128
+SKEW_TILE_BLOCK_MIN = 128
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -2765,12 +2765,12 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     # there (`_row_norm_fwd_kernel`'s SKEW), in a tile with room for the
     # lanes before a row, where that measured faster: FusedAdd's from
     # SKEW_RESIDUAL_TILE_FWD_ROW_MIN, RMSNorm's where that room is the row's
-    # own tile, of SKEW_TILE_FWD_BLOCK_MIN lanes or more; not LayerNorm's.
+    # own tile, of SKEW_TILE_BLOCK_MIN lanes or more; not LayerNorm's.
     tile_skew = 0
     if skew and t.one_pass and not vec and not center:
         room = _skewed_tiles(M, N, skew, **plan)
         if room and (N >= SKEW_RESIDUAL_TILE_FWD_ROW_MIN if residual is not None
-                     else room.block_n == t.block_n >= SKEW_TILE_FWD_BLOCK_MIN):
+                     else room.block_n == t.block_n >= SKEW_TILE_BLOCK_MIN):
             t, tile_skew = room, skew
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
@@ -2881,17 +2881,18 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # ROW_BLOCK_MAX (16 warps, 128 registers a thread), where ptxas spills
     # SKEW's masks and w (Triton 3.6: 192 to 352 bytes), one element a lane.
     # Frozen (too short for the long-row kernel), RMSNorm's and FusedAdd's,
-    # where the row and those lanes do not leave the tile padded
-    # (PADDED_ROW_FILL), which measured slower; not LayerNorm's, nor where
-    # they do. Its tiles count those of each of the SKEW classes of rows
-    # (`_skewed_tiles`).
+    # in a tile of SKEW_TILE_BLOCK_MIN lanes or more that the row and those
+    # lanes do not leave padded (PADDED_ROW_FILL); elsewhere, and LayerNorm's,
+    # one element a lane, which measured faster. Its tiles count those of
+    # each of the SKEW classes of rows (`_skewed_tiles`).
     tile_skew = 0
     if skew and t.one_pass and (trains or mean is None):
         room = _skewed_tiles(M, N, skew, padded_floor=floor, **plan)
         if trains:
             fits = room and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX)
         else:
-            fits = room and not _fills_poorly(N + skew - 1, room.block_n, PADDED_ROW_FILL)
+            fits = (room and room.block_n >= SKEW_TILE_BLOCK_MIN
+                    and not _fills_poorly(N + skew - 1, room.block_n, PADDED_ROW_FILL))
         if fits:
             t, tile_skew = room, skew
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in

@@ -1416,13 +1416,13 @@ def _untrained_tiles_skewed(name, N, skew):
     (too short for the long-row kernels) read them skewed, by the rules
     `_row_norm_forward` and `_row_norm_backward` state: FusedAdd's forward
     from SKEW_RESIDUAL_TILE_FWD_ROW_MIN, RMSNorm's where the lanes before a
-    row keep it in its tile of SKEW_TILE_FWD_BLOCK_MIN lanes or more; the
+    row keep it in its tile of SKEW_TILE_BLOCK_MIN lanes or more; the
     frozen backward's of both where the row and those lanes fill more than
-    PADDED_ROW_FILL of their tile; LayerNorm's never."""
+    PADDED_ROW_FILL of such a tile; LayerNorm's never."""
     room = fn._pow2(N + skew - 1)
     forward = (name == "fadd" and N >= fn.SKEW_RESIDUAL_TILE_FWD_ROW_MIN
-               or name == "rms" and room == fn._pow2(N) >= fn.SKEW_TILE_FWD_BLOCK_MIN)
-    frozen = name != "ln" and N + skew - 1 > fn.PADDED_ROW_FILL * room
+               or name == "rms" and room == fn._pow2(N) >= fn.SKEW_TILE_BLOCK_MIN)
+    frozen = name != "ln" and room >= fn.SKEW_TILE_BLOCK_MIN and N + skew - 1 > fn.PADDED_ROW_FILL * room
     return forward, frozen
 
 
@@ -1466,6 +1466,7 @@ def test_skewed_tile_rows(name, N, extra):
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 @pytest.mark.parametrize("N, dtype, extra", [
     (3, torch.bfloat16, 0),      # rows inside one vector: a lane can be in both edges (`_skew_edges`)
+    (9, torch.bfloat16, 0),      # a full tile of 16 lanes: the trained backward's alone (SKEW_TILE_BLOCK_MIN)
     (161, torch.bfloat16, 0),    # several rows a tile; RMSNorm's forward
     (449, torch.bfloat16, 0),    # RMSNorm's and FusedAdd's forward and frozen backward
     (1021, torch.bfloat16, 0),   # within SKEW - 1 of 1024: the tile of 2048 holds the lanes before a row
