@@ -1054,10 +1054,10 @@ def _vector_aligned(strides: tuple, size: int, tensors: tuple = ()) -> bool:
 
 
 def _row_skew(N: int, strides: tuple, tensors: tuple) -> int:
-    """SKEW of a long-row launch on rows of N elements (row `strides`, 0s
+    """SKEW of a launch on rows of N elements (row `strides`, 0s
     skipped, of the `tensors`, None skipped); where it is not 0, odd rows a
     tile would hold may leave it for the long-row kernels (SKEW_TILE_ROW_MIN),
-    and the tiles read the others skewed (`_skewed_tiles`).
+    and the tiles read the rest skewed where their rules allow (`_skewed_tiles`).
     Where the greatest common divisor of N and the strides is odd, no
     vector fits every row; then, if the tensors share an element size,
     each starts on a 16-byte boundary and their strides agree modulo a
