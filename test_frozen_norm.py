@@ -1438,8 +1438,9 @@ def test_skewed_tile_rows(name, N, extra):
     shorter ones, and the trained backward's, keep their tiles and read
     them skewed there, the trained ones where a tile has room for the SKEW
     - 1 lanes before a row, but not LayerNorm's in a tile of ROW_BLOCK_MAX,
-    where SKEW spills (4097), the others by `_untrained_tiles_skewed`. Recorded on meta tensors (`_row_launches` runs trained first);
-    against float64 element by element, trained and frozen."""
+    where SKEW spills (4097), the others by `_untrained_tiles_skewed`.
+    Recorded on meta tensors (`_row_launches` runs trained first); against
+    float64 element by element, trained and frozen."""
     launches = _row_launches(name, N, N + extra)
     forward, trained, frozen = [[lc for lc in launches if lc.name.startswith(k)] for k in
                                 ("_long_row_norm_fwd", "_row_norm_bwd", "_long_row_norm_bwd")]
@@ -1453,10 +1454,10 @@ def test_skewed_tile_rows(name, N, extra):
     room = fn._pow2(N + 7)   # the tile of the row and the 7 lanes before it
     per_lane = extra or room > fn.ROW_BLOCK_MAX or (name == "ln" and room == fn.ROW_BLOCK_MAX)
     assert trained[0].constexprs["SKEW"] == (0 if per_lane else 8)
-    tiles = [lc for lc in launches if lc.name == "_row_norm_fwd_kernel"]
-    assert len(tiles) == 2 - len(forward) and len(trained) == 2 - len(frozen), names
+    fwd_tiles = [lc for lc in launches if lc.name == "_row_norm_fwd_kernel"]
+    assert len(fwd_tiles) == 2 - len(forward) and len(trained) == 2 - len(frozen), names
     fwd_skewed, frozen_skewed = _untrained_tiles_skewed(name, N, 8)
-    assert {lc.constexprs["SKEW"] for lc in tiles} <= {8 if fwd_skewed and not extra else 0}
+    assert {lc.constexprs["SKEW"] for lc in fwd_tiles} <= {8 if fwd_skewed and not extra else 0}
     assert {lc.constexprs["SKEW"] for lc in trained[1:]} <= {8 if frozen_skewed and not extra else 0}
     layout = _row_stride(N + extra) if extra else None
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
