@@ -1086,7 +1086,7 @@ def _skewed_tiles(M: int, N: int, skew: int, **plan) -> Optional["_RowTiling"]:
     the skew classes of rows (r % skew: a tile holds rows of one class,
     which lie alike against a vector), a multiple of skew. None where no
     tile holds N + skew - 1 lanes."""
-    room = _row_tiling(M, N + skew - 1, **plan)
+    room = _row_tiling(M, _lanes_walked(N, skew), **plan)
     return room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)) if room.one_pass else None
 
 
@@ -1316,8 +1316,10 @@ def _skewed_copy_length(N, SKEW):
 
 @triton.constexpr_function
 def _lanes_walked(N, SKEW):
-    """The lanes a long-row pass walks: the row's N, and with SKEW the
-    lanes before it in its first vector (at most SKEW - 1)."""
+    """The lanes a row read skewed spans: the row's N, and with SKEW the
+    lanes before it in its first vector (at most SKEW - 1). What a long-row
+    pass walks, a skewed tile must hold, the dw/db kernel's column blocks
+    cover."""
     return N + SKEW - 1 if SKEW else N
 
 
@@ -1332,6 +1334,13 @@ def _skewed_base(start, SKEW: tl.constexpr):
 
 
 @triton.jit
+def _vector_lanes(skew, N, SKEW: tl.constexpr):
+    """The lanes a row read `skew` lanes early spans in whole vectors of
+    SKEW: skew + N rounded up to a multiple of SKEW."""
+    return (skew + N + SKEW - 1) // SKEW * SKEW
+
+
+@triton.jit
 def _skewed_row(start, N, SKEW: tl.constexpr):
     """A row of N elements from element `start` of its tensor, read as SKEW >
     0 whole vectors (`_row_skew`): (base, skew, n), base = start - skew the
@@ -1342,7 +1351,7 @@ def _skewed_row(start, N, SKEW: tl.constexpr):
     base = _skewed_base(start, SKEW)
     if SKEW:
         skew = start - base
-        n = (skew + N + SKEW - 1) // SKEW * SKEW
+        n = _vector_lanes(skew, N, SKEW)
     else:
         skew, n = 0, N
     return base, skew, n
@@ -1387,6 +1396,19 @@ def _skew_edges(skew, N, SKEW: tl.constexpr):
     lanes = tl.where(e < SKEW, e, tail + e - SKEW)
     mask = (lanes >= skew) & (lanes < skew + N) & ((skew > 0) | (e >= SKEW))
     return lanes, mask
+
+
+@triton.jit
+def _class_lanes(cols, cls, stride, N, SKEW: tl.constexpr):
+    """The lanes `cols` of the rows r with r % SKEW = cls (the tile kernels'
+    SKEW: rows SKEW apart lie alike against a vector) read skewed: (skew, n,
+    load, inside, body), skew = cls * stride % SKEW lanes before each row's
+    first element (the row strides agree modulo SKEW, `_row_skew`), n its
+    lanes in whole vectors (`_vector_lanes`), and `_skewed_lanes`' masks."""
+    skew = cls * stride % SKEW
+    n = _vector_lanes(skew, N, SKEW)
+    load, inside, body = _skewed_lanes(cols, skew, n, N, SKEW)
+    return skew, n, load, inside, body
 
 
 @triton.jit
@@ -1864,12 +1886,10 @@ def _row_norm_fwd_kernel(
     eps = tl.cast(eps, tl.float32)   # under torch.compile a Python float may arrive as fp64
     cols = _tile_columns(BLOCK_N, VEC)
     skew, load, inside, body, n_w = 0, None, None, None, N   # SKEW's (0 and None: unused without it)
-    if SKEW:   # the rows of the program's class, and their lanes (`_skewed_row`)
+    if SKEW:   # the rows of the program's class, and their lanes
         cls = pid % SKEW
         rows = (pid // SKEW * ROWS + tl.arange(0, ROWS)) * SKEW + cls
-        skew = cls * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
-        n_w = (skew + N + SKEW - 1) // SKEW * SKEW   # whole vectors: the lanes loaded
-        load, inside, body = _skewed_lanes(cols, skew, n_w, N, SKEW)
+        skew, n_w, load, inside, body = _class_lanes(cols, cls, stride_x, N, SKEW)
         if HAS_W:
             W = _skewed_copy(W, skew, N, SKEW)
         if HAS_B:
@@ -2327,11 +2347,9 @@ def _row_norm_bwd_kernel(
     tail = BLOCK_N + tl.arange(0, TAIL if TAIL else 1)   # the tail's columns (unused without TAIL)
     first, step = pid, num_programs   # the program's first tile, and the step to its next
     skew, load, inside, body, n_w = 0, None, None, None, n_tile   # SKEW's (0 and None: unused without it)
-    if SKEW:   # the tiles of the program's class, and its rows' lanes (`_skewed_row`)
+    if SKEW:   # the tiles of the program's class, and its rows' lanes
         first, step, cls = pid // SKEW, num_programs // SKEW, pid % SKEW
-        skew = cls * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
-        n_w = (skew + N + SKEW - 1) // SKEW * SKEW   # whole vectors: the lanes loaded
-        load, inside, body = _skewed_lanes(cols, skew, n_w, N, SKEW)
+        skew, n_w, load, inside, body = _class_lanes(cols, cls, stride_x, N, SKEW)
         if HAS_W:
             W = _skewed_copy(W, skew, N, SKEW)
     if HAS_W and not W_PER_TILE:
@@ -2690,7 +2708,7 @@ def _row_norm_dwdb_kernel(
     if SKEW:   # the rows of one class of the slice split // SKEW
         first, step = split % SKEW, SKEW
         skew = first * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
-        load = cols < (skew + N + SKEW - 1) // SKEW * SKEW   # the row's whole vectors
+        load = cols < _vector_lanes(skew, N, SKEW)   # the row's whole vectors
         lanes = cols - skew   # the columns the lanes hold
     row_start = split // step * rows_per_split
     row_end = tl.minimum(M, row_start + rows_per_split)
@@ -2775,14 +2793,14 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
                 enable_fp_fusion=FP_FUSION)
+    launch_skew = tile_skew if t.one_pass else skew   # the SKEW of the launch below
+    w_copies, b_copies = _skewed_copies(weight, N, launch_skew), _skewed_copies(bias, N, launch_skew)
     if t.one_pass:
-        _row_norm_fwd_kernel[(t.num_tiles,)](x, residual, s, y, _skewed_copies(weight, N, tile_skew),
-                                             _skewed_copies(bias, N, tile_skew), mean, rstd, M, N, *strides,
+        _row_norm_fwd_kernel[(t.num_tiles,)](x, residual, s, y, w_copies, b_copies, mean, rstd, M, N, *strides,
                                              float(eps), ROWS=t.rows, N_CONST=N if vec else 0, VEC=vec,
                                              SKEW=tile_skew, maxnreg=_forward_register_cap(t, x, N, vec, center),
                                              **meta)
     else:
-        w_copies, b_copies = _skewed_copies(weight, N, skew), _skewed_copies(bias, N, skew)
         _long_row_norm_fwd_kernel[(M,)](x, residual, s, y, w_copies, b_copies, mean, rstd, *strides, 1, 1,
                                         float(eps), N=N,
                                         PRESUM=_long_forward_presum(N, 2 if center else 1), HW=0, APPLY=True,
@@ -2813,12 +2831,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     (SKEW_TILE_ROW_MIN); trained (and RMSNorm's and FusedAdd's shorter
     frozen rows that do not pad their tile), odd rows read skewed in the
     tile kernel, a program the tiles of one residue class of rows (its
-    SKEW). RMSNorm's
-    and FusedAdd's trained 16-bit rows just past 4096 (and FusedAdd's
-    frozen ones) as a tile of 4096 and a tail (PADDED_TAIL_BLOCK_N), on the
-    persistent grid; LayerNorm's just past ROW_BLOCK_MAX with dw and db
-    both (TWO_ACC_TAIL_MAX) as a tile of ROW_BLOCK_MAX and a tail, one row
-    per tile.
+    SKEW). RMSNorm's and FusedAdd's trained 16-bit rows just past 4096 (and
+    FusedAdd's frozen ones) as a tile of 4096 and a tail
+    (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just past
+    ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
+    ROW_BLOCK_MAX and a tail, one row per tile.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked (and
     LayerNorm's with both, of ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX + 1 to
     TWO_ACC_FOLDED_ROW from PIPED_ALL_TRITON on, of TWO_ACC_FOLDED_ROW alone
@@ -2892,7 +2909,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             fits = room and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX)
         else:
             fits = (room and room.block_n >= SKEW_TILE_BLOCK_MIN
-                    and not _fills_poorly(N + skew - 1, room.block_n, PADDED_ROW_FILL))
+                    and not _fills_poorly(_lanes_walked(N, skew), room.block_n, PADDED_ROW_FILL))
         if fits:
             t, tile_skew = room, skew
     # The long-row dx kernel with one sum on 16-bit rows of 12289 to 14336 in
@@ -3056,7 +3073,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0,
                 or (_cdiv(M, block_m) < DW_FLAT_ROW_STEPS and _cdiv(N, 2 * block_n) >= sms)):
             block_m, block_n = block_m // 2, block_n * 2
     classes = max(1, skew)
-    col_blocks = _cdiv(N + classes - 1, block_n)
+    col_blocks = _cdiv(_lanes_walked(N, skew), block_n)
     splits = 1 if beside else max(1, min(_cdiv(M, block_m * classes), _cdiv(sms, col_blocks * classes)))
     rows_per_split = _cdiv(_cdiv(M, splits), block_m * classes) * block_m * classes
     splits = _cdiv(M, rows_per_split) * classes
