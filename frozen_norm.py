@@ -49,11 +49,12 @@ What you will learn by reading it
   boundary below it, its masks or-ed with compile-time bounds so that the
   chunks inside a row keep none, w from copies shifted as far, and the
   few lanes left at its ends stored one by one (SKEW, `_row_skew`); the
-  forwards and untrained backwards of such rows leave the tiles, whose rows
-  lie each at another skew, for a row a program (SKEW_TILE_ROW_MIN), and
-  the trained tiles give each program rows SKEW apart, which lie alike, so
-  that its dw and db sums keep one frame of lanes (and so do some shorter
-  rows' tiles, and the dw/db kernel of long rows).
+  forwards and untrained backwards of such rows (and some trained ones)
+  leave the tiles, whose rows lie each at another skew, for a row a program
+  (SKEW_TILE_ROW_MIN), and the trained tiles give each program rows SKEW
+  apart, which lie alike, so that its dw and db sums keep one frame of
+  lanes (and so do some shorter rows' tiles, and the dw/db kernel of long
+  rows).
 * Rows too long for registers: two passes over chunks, the first summing per
   lane (no barrier in the loop) and hinting L2 to keep what it reads, the
   second running backwards so it re-reads that from L2; the row length as a
@@ -380,11 +381,18 @@ LONG_FWD_PRESUM_AFTER = 24576
 # a lane. From SKEW_TILE_ROW_MIN elements on; FusedAdd's later, its tiles
 # measured faster on shorter odd rows (NOTES.md, section 6): its forward's
 # from SKEW_RESIDUAL_FWD_ROW_MIN, its backward's with ds from
-# SKEW_RESIDUAL_BWD_ROW_MIN. The trained backward keeps its tiles (a row a
-# program would leave dw and db to a kernel reading x and dy again) and
+# SKEW_RESIDUAL_BWD_ROW_MIN. The trained backward mostly keeps its tiles (a
+# row a program leaves dw and db to a kernel reading x and dy again) and
 # reads them skewed there: rows SKEW apart lie alike against a vector, so
 # each program takes the rows of one residue class and its accumulators
-# keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW). So do the shorter
+# keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW). But where such
+# tiles measured slower than that second read (NOTES.md, section 2), its
+# rows take a row a program too (`_skewed_trained_row_each`): LayerNorm's
+# whose row and the lanes before it span more than
+# SKEW_TRAINED_TILE_BLOCK_MAX lanes (its tiles of two sums lose from there
+# on); RMSNorm's and FusedAdd's in a tile of one row and at most
+# SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL
+# or less (half-empty tiles; fuller ones, and wider, win). So do the shorter
 # rows' tiles, a class of rows a tile, where that measured faster than one
 # element a lane (NOTES.md, section 6), in tiles of SKEW_TILE_BLOCK_MIN lanes
 # or more (narrower ones measured slower; our guess: rows SKEW apart, of a
@@ -399,6 +407,9 @@ SKEW_RESIDUAL_FWD_ROW_MIN = 4096
 SKEW_RESIDUAL_BWD_ROW_MIN = 1024
 SKEW_RESIDUAL_TILE_FWD_ROW_MIN = 384
 SKEW_TILE_BLOCK_MIN = 128
+SKEW_TRAINED_TILE_BLOCK_MAX = 256
+SKEW_TRAINED_ROW_TILE_MAX = 4096
+SKEW_TRAINED_ROW_FILL = 0.6
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -1088,6 +1099,23 @@ def _skewed_tiles(M: int, N: int, skew: int, **plan) -> Optional["_RowTiling"]:
     tile holds N + skew - 1 lanes."""
     room = _row_tiling(M, _lanes_walked(N, skew), **plan)
     return room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)) if room.one_pass else None
+
+
+def _skewed_trained_row_each(N: int, skew: int, center: bool) -> bool:
+    """Whether the trained backward takes odd rows of N read skewed (SKEW =
+    skew > 0) that a tile would hold a row a program, in the long-row
+    kernels and the dw/db kernel (`_row_tiling`'s `skewed`), not in skewed
+    tiles: LayerNorm's (`center`) where the row and the skew - 1 lanes
+    before it span more than SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's
+    and FusedAdd's where they take a tile of one row (LOOP_TILE_ELEMENTS
+    lanes or more) of at most SKEW_TRAINED_ROW_TILE_MAX lanes and fill at
+    most SKEW_TRAINED_ROW_FILL of it."""
+    lanes = _lanes_walked(N, skew)
+    if center:
+        return lanes > SKEW_TRAINED_TILE_BLOCK_MAX
+    block_n = _pow2(lanes)
+    return (LOOP_TILE_ELEMENTS <= block_n <= SKEW_TRAINED_ROW_TILE_MAX
+            and _fills_poorly(lanes, block_n, SKEW_TRAINED_ROW_FILL))
 
 
 def _skewed_copies(v: Optional[torch.Tensor], N: int, skew: int) -> Optional[torch.Tensor]:
@@ -2831,8 +2859,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     (SKEW_TILE_ROW_MIN); trained (and RMSNorm's and FusedAdd's shorter
     frozen rows that do not pad their tile), odd rows read skewed in the
     tile kernel, a program the tiles of one residue class of rows (its
-    SKEW). RMSNorm's and FusedAdd's trained 16-bit rows just past 4096 (and
-    FusedAdd's frozen ones) as a tile of 4096 and a tail
+    SKEW), but where such tiles measured slower, a row a program
+    (`_skewed_trained_row_each`), as the longer rows below. RMSNorm's and
+    FusedAdd's trained 16-bit rows just past 4096 (and FusedAdd's frozen
+    ones) as a tile of 4096 and a tail
     (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just past
     ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
     ROW_BLOCK_MAX and a tail, one row per tile.
@@ -2885,18 +2915,22 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     tail_fill = PADDED_TAIL_BLOCK_N // 2 if ds is not None else PADDED_TAIL_BLOCK_N
     tail_rows = (compute_dx and mean is None and (trains or ds is not None)
                  and ROW_BLOCK_MAX // 2 < N <= ROW_BLOCK_MAX // 2 + tail_fill and vec16)
-    # Odd rows a tile would hold, training nothing: the long-row kernel (SKEW_TILE_ROW_MIN, SKEW_RESIDUAL_BWD_ROW_MIN).
+    # Odd rows a tile would hold, training nothing: the long-row kernel (SKEW_TILE_ROW_MIN,
+    # SKEW_RESIDUAL_BWD_ROW_MIN); trained, where its skewed tiles measured slower (`_skewed_trained_row_each`).
     skew = _row_skew(N, strides, (dy, x, ds, dx))
-    skewed = not trains and skew > 0 and N >= (SKEW_TILE_ROW_MIN if ds is None else SKEW_RESIDUAL_BWD_ROW_MIN)
+    if trains:
+        skewed = skew > 0 and _skewed_trained_row_each(N, skew, mean is not None)
+    else:
+        skewed = skew > 0 and N >= (SKEW_TILE_ROW_MIN if ds is None else SKEW_RESIDUAL_BWD_ROW_MIN)
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,
                 padded_min=PADDED_SHORT_ROW_MIN if rms_frozen else None, skewed=skewed)
     floor = _padded_floor(x, mean is not None)
     t = _row_tiling(M, N, padded_floor=floor, **plan)
-    # Odd rows a tile holds, trained: read skewed there (`_row_norm_bwd_kernel`'s
-    # SKEW), in a tile with room for the lanes before a row where that is
-    # still a tile; but not LayerNorm's with dx and dw in a tile of
-    # ROW_BLOCK_MAX (16 warps, 128 registers a thread), where ptxas spills
-    # SKEW's masks and w (Triton 3.6: 192 to 352 bytes), one element a lane.
+    # Odd rows a tile holds, trained, that stay there: read skewed
+    # (`_row_norm_bwd_kernel`'s SKEW), in a tile with room for the lanes
+    # before a row where that is still a tile (LayerNorm's, in tiles of up
+    # to SKEW_TRAINED_TILE_BLOCK_MAX lanes: its wider ones, which with dx and
+    # dw in a tile of ROW_BLOCK_MAX also spilled, took a row a program above).
     # Frozen (too short for the long-row kernel), RMSNorm's and FusedAdd's,
     # in a tile of SKEW_TILE_BLOCK_MIN lanes or more that the row and those
     # lanes do not leave padded (PADDED_ROW_FILL); elsewhere, and LayerNorm's,
@@ -2906,7 +2940,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     if skew and t.one_pass and (trains or mean is None):
         room = _skewed_tiles(M, N, skew, padded_floor=floor, **plan)
         if trains:
-            fits = room and not (mean is not None and compute_dx and compute_dw and room.block_n == ROW_BLOCK_MAX)
+            fits = room is not None
         else:
             fits = (room and room.block_n >= SKEW_TILE_BLOCK_MIN
                     and not _fills_poorly(_lanes_walked(N, skew), room.block_n, PADDED_ROW_FILL))

@@ -1426,6 +1426,21 @@ def _untrained_tiles_skewed(name, N, skew):
     return forward, frozen
 
 
+def _trained_rows_each(name, N, skew):
+    """Whether the trained backward takes odd rows of N a tile would hold a
+    row a program (the long-row dx kernel and the dw/db kernel), by the rule
+    `_row_norm_backward` states: LayerNorm's whose row and the skew - 1 lanes
+    before it exceed SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's and
+    FusedAdd's in a one-row tile (LOOP_TILE_ELEMENTS lanes or more) of at
+    most SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to
+    SKEW_TRAINED_ROW_FILL or less."""
+    lanes = N + skew - 1
+    if name == "ln":
+        return lanes > fn.SKEW_TRAINED_TILE_BLOCK_MAX
+    room = fn._pow2(lanes)
+    return fn.LOOP_TILE_ELEMENTS <= room <= fn.SKEW_TRAINED_ROW_TILE_MAX and lanes <= fn.SKEW_TRAINED_ROW_FILL * room
+
+
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 @pytest.mark.parametrize("N, extra", [(511, 0), (577, 0), (1001, 0), (1025, 0), (4097, 0),
                                       (8189, 0),    # trained: no room in a tile for the lanes before a row
@@ -1434,31 +1449,36 @@ def test_skewed_tile_rows(name, N, extra):
     """Odd rows a tile would hold take the long-row kernels with SKEW, in
     the forward and in the backward that trains nothing, from
     SKEW_TILE_ROW_MIN elements on (FusedAdd's forward from
-    SKEW_RESIDUAL_FWD_ROW_MIN, its backward from SKEW_RESIDUAL_BWD_ROW_MIN);
-    shorter ones, and the trained backward's, keep their tiles and read
-    them skewed there, the trained ones where a tile has room for the SKEW
-    - 1 lanes before a row, but not LayerNorm's in a tile of ROW_BLOCK_MAX,
-    where SKEW spills (4097), the others by `_untrained_tiles_skewed`.
+    SKEW_RESIDUAL_FWD_ROW_MIN, its backward from SKEW_RESIDUAL_BWD_ROW_MIN),
+    and in the trained backward by `_trained_rows_each` (dx, then dw and db
+    from the dw/db kernel, both with SKEW); the others keep their tiles and
+    read them skewed there, the trained ones where a tile has room for the
+    SKEW - 1 lanes before a row, the others by `_untrained_tiles_skewed`.
     Recorded on meta tensors (`_row_launches` runs trained first); against
     float64 element by element, trained and frozen."""
-    launches = _row_launches(name, N, N + extra)
-    forward, trained, frozen = [[lc for lc in launches if lc.name.startswith(k)] for k in
-                                ("_long_row_norm_fwd", "_row_norm_bwd", "_long_row_norm_bwd")]
+    launches = [lc for lc in _row_launches(name, N, N + extra) if lc.name != "_sum_partials_kernel"]
+    names = [lc.name for lc in launches]
+    starts = [i for i, lc in enumerate(launches) if "_fwd_" in lc.name]
+    assert len(starts) == 2 and starts[0] == 0, names
+    forward = [launches[i] for i in starts]
+    trained, frozen = launches[1:starts[1]], launches[starts[1] + 1:]
     fadd = name == "fadd"
     fwd_min, bwd_min = ((fn.SKEW_RESIDUAL_FWD_ROW_MIN, fn.SKEW_RESIDUAL_BWD_ROW_MIN) if fadd else
                         (fn.SKEW_TILE_ROW_MIN, fn.SKEW_TILE_ROW_MIN))
-    names = [lc.name for lc in launches]
-    assert len(forward) == (2 if not extra and N >= fwd_min else 0), names
-    assert len(frozen) == (1 if not extra and N >= bwd_min else 0) and len(trained) == 1 + (not frozen), names
-    assert {lc.constexprs["SKEW"] for lc in forward + frozen} <= {8}
-    room = fn._pow2(N + 7)   # the tile of the row and the 7 lanes before it
-    per_lane = extra or room > fn.ROW_BLOCK_MAX or (name == "ln" and room == fn.ROW_BLOCK_MAX)
-    assert trained[0].constexprs["SKEW"] == (0 if per_lane else 8)
-    fwd_tiles = [lc for lc in launches if lc.name == "_row_norm_fwd_kernel"]
-    assert len(fwd_tiles) == 2 - len(forward) and len(trained) == 2 - len(frozen), names
+    long_fwd, long_frozen = not extra and N >= fwd_min, not extra and N >= bwd_min
+    assert {lc.name for lc in forward} == {"_long_row_norm_fwd_kernel" if long_fwd else "_row_norm_fwd_kernel"}, names
+    assert [lc.name for lc in frozen] == ["_long_row_norm_bwd_kernel" if long_frozen else "_row_norm_bwd_kernel"]
+    if not extra and _trained_rows_each(name, N, 8):
+        assert [lc.name for lc in trained] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"], names
+        assert {lc.constexprs["SKEW"] for lc in trained} == {8}
+    else:
+        assert [lc.name for lc in trained] == ["_row_norm_bwd_kernel"], names
+        per_lane = extra or fn._pow2(N + 7) > fn.ROW_BLOCK_MAX   # no tile holds the row and the 7 lanes before it
+        assert trained[0].constexprs["SKEW"] == (0 if per_lane else 8)
+    assert {lc.constexprs["SKEW"] for lc in (forward if long_fwd else []) + (frozen if long_frozen else [])} <= {8}
     fwd_skewed, frozen_skewed = _untrained_tiles_skewed(name, N, 8)
-    assert {lc.constexprs["SKEW"] for lc in fwd_tiles} <= {8 if fwd_skewed and not extra else 0}
-    assert {lc.constexprs["SKEW"] for lc in trained[1:]} <= {8 if frozen_skewed and not extra else 0}
+    assert {lc.constexprs["SKEW"] for lc in forward if not long_fwd} <= {8 if fwd_skewed and not extra else 0}
+    assert {lc.constexprs["SKEW"] for lc in frozen if not long_frozen} <= {8 if frozen_skewed and not extra else 0}
     layout = _row_stride(N + extra) if extra else None
     for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
         check_op(OPS[name], (9, N), torch.bfloat16, params, _with_grads(name), layout=layout, elementwise=True)
@@ -1470,32 +1490,40 @@ def test_skewed_tile_rows(name, N, extra):
     (9, torch.bfloat16, 0),      # a full tile of 16 lanes: the trained backward's alone (SKEW_TILE_BLOCK_MIN)
     (161, torch.bfloat16, 0),    # several rows a tile; RMSNorm's forward
     (449, torch.bfloat16, 0),    # RMSNorm's and FusedAdd's forward and frozen backward
-    (1021, torch.bfloat16, 0),   # within SKEW - 1 of 1024: the tile of 2048 holds the lanes before a row
+    (509, torch.bfloat16, 0),    # within SKEW - 1 of 512: the tile of 1024 holds the lanes before a row
     (449, torch.float32, 0),     # fp32: vectors of 4 elements, 4 classes
     (161, torch.bfloat16, 8)])   # a row stride of N + 8: every row lies as without it
 def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     """Odd rows a tile holds are read skewed there (the tile kernels' SKEW),
     each program taking the tiles of one class of rows, SKEW apart: the
-    trained backward's, and the forward's and frozen backward's too short
-    for the long-row kernels (SKEW_TILE_ROW_MIN, FusedAdd's own minimums)
-    by `_untrained_tiles_skewed`. Recorded on meta tensors: SKEW the
+    trained backward's but those `_trained_rows_each` sends a row a program
+    (LayerNorm's from 449 on here), and the forward's and frozen backward's
+    too short for the long-row kernels (SKEW_TILE_ROW_MIN, FusedAdd's own
+    minimums) by `_untrained_tiles_skewed`. Recorded on meta tensors: SKEW the
     elements of a vector, tiles of N + SKEW - 1 lanes at least, the grid a
     multiple of SKEW where it is not 0. Then 77 rows (classes of 9 and 10)
     on one program a class where the grid is persistent (`_programs_per_sm`
     1 on one SM), so that each program loops over its class's tiles,
     against float64 element by element, the outputs and every gradient, for
-    every freeze pattern whose backward is a tile: a dw or db lane left in
+    every freeze pattern but the frozen ones of the long-row kernels: a dw or db lane left in
     its skewed frame, a row of another class, or an edge of y, s or dx
     missed would show; twice, the same bits."""
     skew = 16 // dtype.itemsize
-    launches = _row_launches(name, N, N + extra, dtype=dtype)
-    tiles = [lc for lc in launches if lc.name in ("_row_norm_fwd_kernel", "_row_norm_bwd_kernel")]
+    launches = [lc for lc in _row_launches(name, N, N + extra, dtype=dtype) if lc.name != "_sum_partials_kernel"]
+    starts = [i for i, lc in enumerate(launches) if "_fwd_" in lc.name]
+    assert len(starts) == 2 and starts[0] == 0, launches
     fwd_min, bwd_min = ((fn.SKEW_RESIDUAL_FWD_ROW_MIN, fn.SKEW_RESIDUAL_BWD_ROW_MIN) if name == "fadd" else
                         (fn.SKEW_TILE_ROW_MIN, fn.SKEW_TILE_ROW_MIN))
     fwd_skewed, frozen_skewed = _untrained_tiles_skewed(name, N, skew)
-    forward = [lc for lc in tiles if lc.name == "_row_norm_fwd_kernel"]
-    trained, frozen = [[lc for lc in tiles if lc.name == "_row_norm_bwd_kernel"][i:i + 1] for i in (0, 1)]
-    assert len(trained) == 1 and len(forward) == 2 * (N < fwd_min) and len(frozen) == (N < bwd_min), launches
+    forward = [launches[i] for i in starts if launches[i].name == "_row_norm_fwd_kernel"]
+    trained, frozen = ([lc for lc in run if lc.name == "_row_norm_bwd_kernel"]
+                       for run in (launches[1:starts[1]], launches[starts[1] + 1:]))
+    row_each = _trained_rows_each(name, N, skew)
+    assert len(trained) == (not row_each) and len(forward) == 2 * (N < fwd_min), launches
+    assert len(frozen) == (N < bwd_min), launches
+    if row_each:
+        assert [(lc.name, lc.constexprs["SKEW"]) for lc in launches[1:starts[1]]] == [
+            ("_long_row_norm_bwd_kernel", skew), ("_row_norm_dwdb_kernel", skew)], launches
     for group, skewed in ((trained, True), (forward, fwd_skewed), (frozen, frozen_skewed)):
         for lc in group:
             assert lc.constexprs["SKEW"] == (skew if skewed else 0), lc
@@ -1512,6 +1540,46 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
             check_op(op, (77, N), dtype, params, inputs, layout=layout, elementwise=True)
     d = prepare(op, (77, N), dtype, ALL_TRAIN[name], _with_grads(name))
     _assert_same_bits_twice(op, d)
+
+
+@pytest.mark.parametrize("name, N, dtype, each", [
+    ("rms", 1221, torch.bfloat16, True),    # 1228 lanes: 0.6 of the tile of 2048
+    ("rms", 1223, torch.bfloat16, False),   # 1230: past it, the skewed tile
+    ("fadd", 1025, torch.bfloat16, True),   # 1032 lanes: about half the tile of 2048
+    ("fadd", 2049, torch.bfloat16, True),   # the tile of 4096 (SKEW_TRAINED_ROW_TILE_MAX)
+    ("rms", 4097, torch.bfloat16, False),   # the tile of 8192
+    ("fadd", 513, torch.bfloat16, False),   # a tile of two rows of 1024
+    ("rms", 1225, torch.float32, True),     # fp32: SKEW 4, 1228 lanes
+    ("ln", 249, torch.bfloat16, False),     # 256 lanes (SKEW_TRAINED_TILE_BLOCK_MAX)
+    ("ln", 251, torch.bfloat16, True),      # 258
+    ("ln", 8191, torch.bfloat16, True)])    # no tile holds 8198 lanes
+def test_skewed_trained_rows_each(name, N, dtype, each):
+    """The trained backward's odd rows a tile would hold, a row a program
+    (the long-row dx kernel, then the dw/db kernel, both with SKEW) where
+    `_skewed_trained_row_each` says so, which `_trained_rows_each` restates
+    (a change of either fails here); else the skewed tile kernel, but where
+    no tile holds the row and the lanes before it, one element a lane. The
+    same for every trained pattern (dx asked or not; recorded on meta
+    tensors). Against float64 element by element, every freeze pattern
+    that trains, on the CPU for the shorter rows (the longer ones'
+    launches are those of test_skewed_tile_rows)."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    skew = 16 // dtype.itemsize
+    assert fn._skewed_trained_row_each(N, skew, name == "ln") == each == _trained_rows_each(name, N, skew)
+    for variant, want in VARIANTS[name].items():
+        if not (want.get("dw") or want.get("db")):
+            continue
+        got = [(lc.name, lc.constexprs["SKEW"]) for lc in record_backward(name, (64, N), want, dtype=dtype).launches
+               if lc.name != "_sum_partials_kernel"]
+        dwdb = [("_row_norm_dwdb_kernel", skew)]
+        wanted = (([("_long_row_norm_bwd_kernel", skew)] if want["dx"] else []) + dwdb if each else
+                  [("_row_norm_bwd_kernel", 0 if fn._pow2(N + skew - 1) > fn.ROW_BLOCK_MAX else skew)])
+        assert got == wanted, (variant, got)
+    if N < 2048:
+        op = OPS[name]
+        for params, inputs in freeze_patterns(op):
+            if TRAIN in params.values():
+                check_op(op, (9, N), dtype, params, inputs, elementwise=True)
 
 
 def test_row_skew_rule():
@@ -2883,7 +2951,8 @@ def test_skewed_dwdb(name, dtype, beside, monkeypatch):
     Never beside the dx kernel (DW_BESIDE_EAGER), whose one launch leaves
     no partials to reduce. Then 77 rows in slices of 4 rows a class (3 of
     8, 5 of 4), against float64 element by element for every pattern that
-    trains a parameter: a column off by its skew, or a class's row summed
+    trains a parameter (with DW_BESIDE_EAGER, whose launches are the same,
+    all trained alone): a column off by its skew, or a class's row summed
     twice or not at all, would show."""
     from bench_frozen_norm import record_backward
     _long_rows_from(64, monkeypatch)
@@ -2899,7 +2968,7 @@ def test_skewed_dwdb(name, dtype, beside, monkeypatch):
     assert dwdb.grid[0] * dwdb.constexprs["BLOCK_N"] >= 127 + skew - 1
     op = OPS[name]
     for params, inputs in freeze_patterns(op):
-        if TRAIN in params.values() and all(inputs.values()):
+        if TRAIN in params.values() and all(inputs.values()) and (not beside or params == ALL_TRAIN[name]):
             check_op(op, (77, 127), dtype, params, inputs, elementwise=True)
 
 
