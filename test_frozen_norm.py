@@ -1194,8 +1194,9 @@ SHORT_NARROW_PLANS = {   # N: (ln forward, ln frozen, fadd frozen, rms frozen)
 
 
 def _short_narrow_launch(launch):
-    """(N_CONST, VEC) of a tile launch, or "long"."""
-    if launch.name.startswith("_long"):
+    """(N_CONST, VEC) of a tile launch, or "long" (the long-row plan, whose
+    trained backward ends with the dw/db kernel)."""
+    if launch.name.startswith("_long") or launch.name == "_row_norm_dwdb_kernel":
         return "long"
     return launch.constexprs["N_CONST"], launch.constexprs["VEC"]
 
@@ -1207,7 +1208,8 @@ def test_short_narrow_plan(dtype):
     one 16-byte repeat wide, launch N_CONST = N and VEC by NARROW_VEC_ELEMENTS'
     rule; trained backwards, rows that fill their tile, unaligned rows,
     narrower tiles and fp32 rows keep N at run time; odd rows take the
-    long-row kernels (SKEW_TILE_ROW_MIN). The first forward
+    long-row kernels (SKEW_TILE_ROW_MIN; trained, by `_trained_rows_each`).
+    The first forward
     launch and the backward's main launch, on meta tensors, at the real
     limits."""
     from bench_frozen_norm import VARIANTS, main_backward_launch, record_backward, record_forward
@@ -1219,7 +1221,8 @@ def test_short_narrow_plan(dtype):
         for (name, variant), want in zip(frozen.items(), wants[1:]):
             if dtype == torch.float32 and want != "long":
                 want = 0
-            for v, w in ((variant, want), ("trainable", 0)):
+            trained = "long" if N % 2 and _trained_rows_each(name, N, 16 // dtype.itemsize) else 0
+            for v, w in ((variant, want), ("trainable", trained)):
                 got = _short_narrow_launch(main_backward_launch(record_backward(name, (8192, N), VARIANTS[name][v],
                                                                                 dtype=dtype)))
                 assert got == (w if w == "long" else ((N if w else 0), w)), (name, v, N, got)
@@ -1505,7 +1508,7 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     on one program a class where the grid is persistent (`_programs_per_sm`
     1 on one SM), so that each program loops over its class's tiles,
     against float64 element by element, the outputs and every gradient, for
-    every freeze pattern but the frozen ones of the long-row kernels: a dw or db lane left in
+    every freeze pattern whose backward is a tile: a dw or db lane left in
     its skewed frame, a row of another class, or an edge of y, s or dx
     missed would show; twice, the same bits."""
     skew = 16 // dtype.itemsize
@@ -1536,6 +1539,8 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     for params, inputs in freeze_patterns(op):
         if TRAIN not in params.values() and N >= bwd_min:
             continue   # a frozen backward in the long-row kernels, not a tile (test_skewed_rows)
+        if TRAIN in params.values() and row_each:
+            continue   # a trained one a row a program, not a tile (test_skewed_trained_rows_each)
         if all(inputs.values()) or (params == ALL_TRAIN[name] and not inputs["x"]):
             check_op(op, (77, N), dtype, params, inputs, layout=layout, elementwise=True)
     d = prepare(op, (77, N), dtype, ALL_TRAIN[name], _with_grads(name))
