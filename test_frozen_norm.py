@@ -1209,9 +1209,8 @@ def test_short_narrow_plan(dtype):
     rule; trained backwards, rows that fill their tile, unaligned rows,
     narrower tiles and fp32 rows keep N at run time; odd rows take the
     long-row kernels (SKEW_TILE_ROW_MIN; trained, by `_trained_rows_each`).
-    The first forward
-    launch and the backward's main launch, on meta tensors, at the real
-    limits."""
+    The first forward launch and the backward's main launch, on meta
+    tensors, at the real limits."""
     from bench_frozen_norm import VARIANTS, main_backward_launch, record_backward, record_forward
     frozen = {"ln": "all frozen", "fadd": "frozen w", "rms": "frozen w"}
     for N, wants in SHORT_NARROW_PLANS.items():
@@ -1566,8 +1565,8 @@ def test_skewed_trained_rows_each(name, N, dtype, each):
     no tile holds the row and the lanes before it, one element a lane. The
     same for every trained pattern (dx asked or not; recorded on meta
     tensors). Against float64 element by element, every freeze pattern
-    that trains, on the CPU for the shorter rows (the longer ones'
-    launches are those of test_skewed_tile_rows)."""
+    that trains, for the rows under 2048 (the longer ones take the same
+    kernels, which test_skewed_tile_rows runs at 4097 and 8189)."""
     from bench_frozen_norm import VARIANTS, record_backward
     skew = 16 // dtype.itemsize
     assert fn._skewed_trained_row_each(N, skew, name == "ln") == each == _trained_rows_each(name, N, skew)
