@@ -2863,10 +2863,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     SKEW), but where such tiles measured slower, a row a program
     (`_skewed_trained_row_each`), as the longer rows below. RMSNorm's and
     FusedAdd's trained 16-bit rows just past 4096 (and FusedAdd's frozen
-    ones) as a tile of 4096 and a tail
-    (PADDED_TAIL_BLOCK_N), on the persistent grid; LayerNorm's just past
-    ROW_BLOCK_MAX with dw and db both (TWO_ACC_TAIL_MAX) as a tile of
-    ROW_BLOCK_MAX and a tail, one row per tile.
+    ones) as a tile of 4096 and a tail (PADDED_TAIL_BLOCK_N), on the
+    persistent grid; LayerNorm's just past ROW_BLOCK_MAX with dw and db
+    both (TWO_ACC_TAIL_MAX) as a tile of ROW_BLOCK_MAX and a tail, one row
+    per tile.
     Rows up to RELOAD_ROW_BLOCK_MAX with dx and one of dw, db asked (and
     LayerNorm's with both, of ROW_BLOCK_MAX + TWO_ACC_TAIL_MAX + 1 to
     TWO_ACC_FOLDED_ROW from PIPED_ALL_TRITON on, of TWO_ACC_FOLDED_ROW alone
