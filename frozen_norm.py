@@ -1428,13 +1428,22 @@ def _skew_edges(skew, N, SKEW: tl.constexpr):
 
 
 @triton.jit
+def _class_skew(cls, stride, SKEW: tl.constexpr):
+    """The lanes before the first element of each row r with r % SKEW = cls
+    back to its 16-byte boundary, the same for the whole class: the row
+    strides agree modulo SKEW (`_row_skew`) and the tensors start on a
+    boundary."""
+    return cls * stride % SKEW
+
+
+@triton.jit
 def _class_lanes(cols, cls, stride, N, SKEW: tl.constexpr):
     """The lanes `cols` of the rows r with r % SKEW = cls (the tile kernels'
     SKEW: rows SKEW apart lie alike against a vector) read skewed: (skew, n,
-    load, inside, body), skew = cls * stride % SKEW lanes before each row's
-    first element (the row strides agree modulo SKEW, `_row_skew`), n its
-    lanes in whole vectors (`_vector_lanes`), and `_skewed_lanes`' masks."""
-    skew = cls * stride % SKEW
+    load, inside, body), skew (`_class_skew`) the lanes before each row's
+    first element, n its lanes in whole vectors (`_vector_lanes`), and
+    `_skewed_lanes`' masks."""
+    skew = _class_skew(cls, stride, SKEW)
     n = _vector_lanes(skew, N, SKEW)
     load, inside, body = _skewed_lanes(cols, skew, n, N, SKEW)
     return skew, n, load, inside, body
@@ -2736,7 +2745,7 @@ def _row_norm_dwdb_kernel(
     first, step, skew, load, lanes = 0, 1, 0, None, cols   # SKEW's (unused without it)
     if SKEW:   # the rows of one class of the slice split // SKEW
         first, step = split % SKEW, SKEW
-        skew = first * stride_x % SKEW   # strides agree modulo SKEW (`_row_skew`)
+        skew = _class_skew(first, stride_x, SKEW)
         load = cols < _vector_lanes(skew, N, SKEW)   # the row's whole vectors
         lanes = cols - skew   # the columns the lanes hold
     row_start = split // step * rows_per_split
