@@ -387,17 +387,19 @@ LONG_FWD_PRESUM_AFTER = 24576
 # each program takes the rows of one residue class and its accumulators
 # keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW). But where such
 # tiles measured slower than that second read (NOTES.md, section 2), its
-# rows take a row a program too (`_skewed_trained_row_each`): LayerNorm's
-# whose row and the lanes before it span more than
+# rows take a row a program too (`_skewed_trained_row_each`). In 16-bit
+# dtypes: LayerNorm's whose row and the lanes before it span more than
 # SKEW_TRAINED_TILE_BLOCK_MAX lanes (its skewed tiles lose from there on);
 # RMSNorm's and FusedAdd's in a tile of one row and at most
-# SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL
-# or less (half-empty tiles; fuller ones, and wider, win). The shorter
-# rows' untrained tiles read them skewed too, a class of rows a tile, where
-# that measured faster than one element a lane (NOTES.md, section 6), in
-# tiles of SKEW_TILE_BLOCK_MIN lanes or more (narrower ones measured slower;
-# our guess: rows SKEW apart, of a few dozen bytes each, scatter a tile's
-# loads over many DRAM bursts): the forwards of FusedAdd's rows from
+# SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL or
+# less (half-empty tiles; fuller ones, and wider, win). In fp32, whose
+# skewed tiles measured faster, only LayerNorm's past
+# SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes. The shorter rows' untrained tiles
+# read them skewed too, a class of rows a tile, where that measured faster
+# than one element a lane (NOTES.md, section 6), in tiles of
+# SKEW_TILE_BLOCK_MIN lanes or more (narrower ones measured slower; our
+# guess: rows SKEW apart, of a few dozen bytes each, scatter a tile's loads
+# over many DRAM bursts): the forwards of FusedAdd's rows from
 # SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose own tile has room
 # for the lanes before the row too, and the frozen backwards of both where
 # the row and those lanes do not leave the tile padded (PADDED_ROW_FILL).
@@ -409,6 +411,7 @@ SKEW_RESIDUAL_BWD_ROW_MIN = 1024
 SKEW_RESIDUAL_TILE_FWD_ROW_MIN = 384
 SKEW_TILE_BLOCK_MIN = 128
 SKEW_TRAINED_TILE_BLOCK_MAX = 256
+SKEW_TRAINED_FP32_TILE_BLOCK_MAX = 4096
 SKEW_TRAINED_ROW_TILE_MAX = 4096
 SKEW_TRAINED_ROW_FILL = 0.6
 
@@ -1106,14 +1109,18 @@ def _skewed_trained_row_each(N: int, skew: int, center: bool) -> bool:
     """Whether the trained backward takes odd rows of N read skewed (SKEW =
     skew > 0) that a tile would hold a row a program, in the long-row
     kernels and the dw/db kernel (`_row_tiling`'s `skewed`), not in skewed
-    tiles: LayerNorm's (`center`) where the row and the skew - 1 lanes
-    before it span more than SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's
-    and FusedAdd's where they take a tile of one row (LOOP_TILE_ELEMENTS
-    lanes or more) of at most SKEW_TRAINED_ROW_TILE_MAX lanes and fill at
-    most SKEW_TRAINED_ROW_FILL of it."""
+    tiles. 16-bit rows (SKEW 8): LayerNorm's (`center`) where the row and
+    the skew - 1 lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX
+    lanes; RMSNorm's and FusedAdd's where they take a tile of one row
+    (LOOP_TILE_ELEMENTS lanes or more) of at most SKEW_TRAINED_ROW_TILE_MAX
+    lanes and fill at most SKEW_TRAINED_ROW_FILL of it. fp32 rows (SKEW
+    4): LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes, no others."""
     lanes = _lanes_walked(N, skew)
+    sixteen_bit = skew == 8   # `_row_skew`: the elements of a 16-byte vector
     if center:
-        return lanes > SKEW_TRAINED_TILE_BLOCK_MAX
+        return lanes > (SKEW_TRAINED_TILE_BLOCK_MAX if sixteen_bit else SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
+    if not sixteen_bit:
+        return False
     block_n = _pow2(lanes)
     return (LOOP_TILE_ELEMENTS <= block_n <= SKEW_TRAINED_ROW_TILE_MAX
             and _fills_poorly(lanes, block_n, SKEW_TRAINED_ROW_FILL))

@@ -1431,14 +1431,18 @@ def _untrained_tiles_skewed(name, N, skew):
 def _trained_rows_each(name, N, skew):
     """Whether the trained backward takes odd rows of N a tile would hold a
     row a program (the long-row dx kernel and the dw/db kernel), by the rule
-    `_row_norm_backward` states: LayerNorm's whose row and the skew - 1 lanes
-    before it exceed SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's and
-    FusedAdd's in a one-row tile (LOOP_TILE_ELEMENTS lanes or more) of at
-    most SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to
-    SKEW_TRAINED_ROW_FILL or less."""
+    `_row_norm_backward` states. In 16-bit dtypes (skew 8): LayerNorm's
+    whose row and the skew - 1 lanes before it exceed
+    SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's and FusedAdd's in a
+    one-row tile (LOOP_TILE_ELEMENTS lanes or more) of at most
+    SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL
+    or less. In fp32 (skew 4): LayerNorm's past
+    SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes."""
     lanes = N + skew - 1
     if name == "ln":
-        return lanes > fn.SKEW_TRAINED_TILE_BLOCK_MAX
+        return lanes > (fn.SKEW_TRAINED_TILE_BLOCK_MAX if skew == 8 else fn.SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
+    if skew != 8:
+        return False
     room = fn._pow2(lanes)
     return fn.LOOP_TILE_ELEMENTS <= room <= fn.SKEW_TRAINED_ROW_TILE_MAX and lanes <= fn.SKEW_TRAINED_ROW_FILL * room
 
@@ -1553,7 +1557,11 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     ("fadd", 2049, torch.bfloat16, True),   # the tile of 4096 (SKEW_TRAINED_ROW_TILE_MAX)
     ("rms", 4097, torch.bfloat16, False),   # the tile of 8192
     ("fadd", 513, torch.bfloat16, False),   # a tile of two rows of 1024
-    ("rms", 1225, torch.float32, True),     # fp32: SKEW 4, 1228 lanes
+    ("rms", 1225, torch.float32, False),    # fp32 (SKEW 4): RMSNorm's tiles stay
+    ("fadd", 513, torch.float32, False),    # and FusedAdd's
+    ("ln", 1025, torch.float32, False),     # and LayerNorm's up to 4096 lanes
+    ("ln", 4093, torch.float32, False),     # 4096 (SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
+    ("ln", 4095, torch.float32, True),      # 4098
     ("ln", 249, torch.bfloat16, False),     # 256 lanes (SKEW_TRAINED_TILE_BLOCK_MAX)
     ("ln", 251, torch.bfloat16, True),      # 258
     ("ln", 8191, torch.bfloat16, True)])    # no tile holds 8198 lanes
