@@ -392,19 +392,20 @@ LONG_FWD_PRESUM_AFTER = 24576
 # SKEW_TRAINED_TILE_BLOCK_MAX lanes (its skewed tiles lose from there on);
 # RMSNorm's and FusedAdd's in a tile of one row and at most
 # SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL or
-# less (half-empty tiles; fuller ones, and wider, win). In fp32, whose
-# skewed tiles measured faster, only LayerNorm's past
-# SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes. The shorter rows' untrained tiles
-# read them skewed too, a class of rows a tile, where that measured faster
-# than one element a lane (NOTES.md, section 6), in tiles of
-# SKEW_TILE_BLOCK_MIN lanes or more (narrower ones measured slower; our
-# guess: rows SKEW apart, of a few dozen bytes each, scatter a tile's loads
-# over many DRAM bursts): the forwards of FusedAdd's rows from
-# SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose own tile has room
-# for the lanes before the row too, and the frozen backwards of both where
-# the row and those lanes do not leave the tile padded (PADDED_ROW_FILL).
-# LayerNorm's measured slower or faster by the row length, with no rule we
-# found: one element a lane.
+# less (half-empty tiles; fuller ones, and wider, win), and FusedAdd's in a
+# tile of two rows that they fill to SKEW_TRAINED_PAIR_FILL or less
+# (RMSNorm's such tiles win: not known why). In fp32, whose skewed tiles
+# measured faster, only LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX
+# lanes. The shorter rows' untrained tiles read them skewed too, a class of
+# rows a tile, where that measured faster than one element a lane (NOTES.md,
+# section 6), in tiles of SKEW_TILE_BLOCK_MIN lanes or more (narrower ones
+# measured slower; our guess: rows SKEW apart, of a few dozen bytes each,
+# scatter a tile's loads over many DRAM bursts): the forwards of FusedAdd's
+# rows from SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose own
+# tile has room for the lanes before the row too, and the frozen backwards
+# of both where the row and those lanes do not leave the tile padded
+# (PADDED_ROW_FILL). LayerNorm's measured slower or faster by the row
+# length, with no rule we found: one element a lane.
 SKEW_TILE_ROW_MIN = 512
 SKEW_RESIDUAL_FWD_ROW_MIN = 4096
 SKEW_RESIDUAL_BWD_ROW_MIN = 1024
@@ -414,6 +415,7 @@ SKEW_TRAINED_TILE_BLOCK_MAX = 256
 SKEW_TRAINED_FP32_TILE_BLOCK_MAX = 4096
 SKEW_TRAINED_ROW_TILE_MAX = 4096
 SKEW_TRAINED_ROW_FILL = 0.6
+SKEW_TRAINED_PAIR_FILL = 0.7
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -1105,7 +1107,7 @@ def _skewed_tiles(M: int, N: int, skew: int, **plan) -> Optional["_RowTiling"]:
     return room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)) if room.one_pass else None
 
 
-def _skewed_trained_row_each(N: int, skew: int, center: bool) -> bool:
+def _skewed_trained_row_each(N: int, skew: int, center: bool, residual: bool) -> bool:
     """Whether the trained backward takes odd rows of N read skewed (SKEW =
     skew > 0) that a tile would hold a row a program, in the long-row
     kernels and the dw/db kernel (`_row_tiling`'s `skewed`), not in skewed
@@ -1113,8 +1115,10 @@ def _skewed_trained_row_each(N: int, skew: int, center: bool) -> bool:
     the skew - 1 lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX
     lanes; RMSNorm's and FusedAdd's where they take a tile of one row
     (LOOP_TILE_ELEMENTS lanes or more) of at most SKEW_TRAINED_ROW_TILE_MAX
-    lanes and fill at most SKEW_TRAINED_ROW_FILL of it. fp32 rows (SKEW
-    4): LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes, no others."""
+    lanes and fill at most SKEW_TRAINED_ROW_FILL of it; FusedAdd's
+    (`residual`) also where they take a tile of two rows and fill at most
+    SKEW_TRAINED_PAIR_FILL of their half. fp32 rows (SKEW 4): LayerNorm's
+    past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes, no others."""
     lanes = _lanes_walked(N, skew)
     sixteen_bit = skew == 8   # `_row_skew`: the elements of a 16-byte vector
     if center:
@@ -1122,6 +1126,8 @@ def _skewed_trained_row_each(N: int, skew: int, center: bool) -> bool:
     if not sixteen_bit:
         return False
     block_n = _pow2(lanes)
+    if residual and block_n == LOOP_TILE_ELEMENTS // 2:
+        return _fills_poorly(lanes, block_n, SKEW_TRAINED_PAIR_FILL)
     return (LOOP_TILE_ELEMENTS <= block_n <= SKEW_TRAINED_ROW_TILE_MAX
             and _fills_poorly(lanes, block_n, SKEW_TRAINED_ROW_FILL))
 
@@ -2936,7 +2942,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # SKEW_RESIDUAL_BWD_ROW_MIN); trained, where its skewed tiles measured slower (`_skewed_trained_row_each`).
     skew = _row_skew(N, strides, (dy, x, ds, dx))
     if trains:
-        skewed = skew > 0 and _skewed_trained_row_each(N, skew, mean is not None)
+        skewed = skew > 0 and _skewed_trained_row_each(N, skew, mean is not None, ds is not None)
     else:
         skewed = skew > 0 and N >= (SKEW_TILE_ROW_MIN if ds is None else SKEW_RESIDUAL_BWD_ROW_MIN)
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,

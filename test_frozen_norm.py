@@ -1436,7 +1436,8 @@ def _trained_rows_each(name, N, skew):
     SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's and FusedAdd's in a
     one-row tile (LOOP_TILE_ELEMENTS lanes or more) of at most
     SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL
-    or less. In fp32 (skew 4): LayerNorm's past
+    or less; FusedAdd's in a tile of two rows that they fill to
+    SKEW_TRAINED_PAIR_FILL or less. In fp32 (skew 4): LayerNorm's past
     SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes."""
     lanes = N + skew - 1
     if name == "ln":
@@ -1444,6 +1445,8 @@ def _trained_rows_each(name, N, skew):
     if skew != 8:
         return False
     room = fn._pow2(lanes)
+    if name == "fadd" and 2 * room == fn.LOOP_TILE_ELEMENTS:
+        return lanes <= fn.SKEW_TRAINED_PAIR_FILL * room
     return fn.LOOP_TILE_ELEMENTS <= room <= fn.SKEW_TRAINED_ROW_TILE_MAX and lanes <= fn.SKEW_TRAINED_ROW_FILL * room
 
 
@@ -1556,7 +1559,11 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     ("fadd", 1025, torch.bfloat16, True),   # 1032 lanes: about half the tile of 2048
     ("fadd", 2049, torch.bfloat16, True),   # the tile of 4096 (SKEW_TRAINED_ROW_TILE_MAX)
     ("rms", 4097, torch.bfloat16, False),   # the tile of 8192
-    ("fadd", 513, torch.bfloat16, False),   # a tile of two rows of 1024
+    ("rms", 513, torch.bfloat16, False),    # a tile of two rows of 1024: RMSNorm's stays
+    ("fadd", 513, torch.bfloat16, True),    # FusedAdd's: 520 lanes, about half of its 1024
+    ("fadd", 709, torch.bfloat16, True),    # 716: 0.7 of 1024 (SKEW_TRAINED_PAIR_FILL)
+    ("fadd", 711, torch.bfloat16, False),   # 718: past it, the skewed tile
+    ("fadd", 449, torch.bfloat16, False),   # a tile of four rows of 512
     ("rms", 1225, torch.float32, False),    # fp32 (SKEW 4): RMSNorm's tiles stay
     ("fadd", 513, torch.float32, False),    # and FusedAdd's
     ("ln", 1025, torch.float32, False),     # and LayerNorm's up to 4096 lanes
@@ -1577,7 +1584,7 @@ def test_skewed_trained_rows_each(name, N, dtype, each):
     kernels, which test_skewed_tile_rows runs at 4097 and 8189)."""
     from bench_frozen_norm import VARIANTS, record_backward
     skew = 16 // dtype.itemsize
-    assert fn._skewed_trained_row_each(N, skew, name == "ln") == each == _trained_rows_each(name, N, skew)
+    assert fn._skewed_trained_row_each(N, skew, name == "ln", name == "fadd") == each == _trained_rows_each(name, N, skew)
     for variant, want in VARIANTS[name].items():
         if not (want.get("dw") or want.get("db")):
             continue
