@@ -1115,10 +1115,12 @@ def _skewed_trained_row_each(N: int, skew: int, center: bool, residual: bool) ->
     the skew - 1 lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX
     lanes; RMSNorm's and FusedAdd's where they take a tile of one row
     (LOOP_TILE_ELEMENTS lanes or more) of at most SKEW_TRAINED_ROW_TILE_MAX
-    lanes and fill at most SKEW_TRAINED_ROW_FILL of it; FusedAdd's
-    (`residual`) also where they take a tile of two rows and fill at most
-    SKEW_TRAINED_PAIR_FILL of their half. fp32 rows (SKEW 4): LayerNorm's
-    past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes, no others."""
+    lanes and fill at most SKEW_TRAINED_ROW_FILL of it; FusedAdd's with
+    ds to read (`residual`; without dx it gets none, s being
+    non-differentiable, and plans as RMSNorm's) also where they take a
+    tile of two rows and fill at most SKEW_TRAINED_PAIR_FILL of their half.
+    fp32 rows (SKEW 4): LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX
+    lanes, no others."""
     lanes = _lanes_walked(N, skew)
     sixteen_bit = skew == 8   # `_row_skew`: the elements of a 16-byte vector
     if center:

@@ -1584,7 +1584,8 @@ def test_skewed_trained_rows_each(name, N, dtype, each):
     kernels, which test_skewed_tile_rows runs at 4097 and 8189)."""
     from bench_frozen_norm import VARIANTS, record_backward
     skew = 16 // dtype.itemsize
-    assert fn._skewed_trained_row_each(N, skew, name == "ln", name == "fadd") == each == _trained_rows_each(name, N, skew)
+    rule = fn._skewed_trained_row_each(N, skew, center=name == "ln", residual=name == "fadd")
+    assert rule == each == _trained_rows_each(name, N, skew)
     for variant, want in VARIANTS[name].items():
         if not (want.get("dw") or want.get("db")):
             continue
