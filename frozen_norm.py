@@ -498,6 +498,14 @@ WARP_LOAD_BYTES = 32 * 16
 # sectors of a warp's load), while the tile's rows keep all their lines in
 # one warp (`_row_segment`).
 LINE_MIN_BYTES = 64
+# Registers a thread of the row norms' persistent tile backward may use,
+# where its rows are skewed (odd rows, SKEW) or fp32: REGISTERS_PER_SM /
+# THREADS_PER_SM, so that the programs the grid plans run side by side.
+# Uncapped, ptxas gave those tiles up to 194: three or two programs an SM
+# where the grid plans four, the rest a second wave once those are done.
+# Other tiles stay uncapped: they take fewer, and a cap above what a kernel
+# needs still changes ptxas's allocation (it spends the budget).
+TILE_BWD_MAX_REGISTERS = 128
 # Registers a thread of PolyNorm's tile backward may use: 128, so that
 # THREADS_PER_SM threads fit an SM and the programs the persistent grid plans
 # run side by side (uncapped, ptxas of Triton 3.6 gave 140: three programs
@@ -2307,11 +2315,13 @@ def _row_norm_bwd_kernel(
     its rows into fp32 registers and writes one row of DWp / DBp.
 
     Grid: (P,), a persistent grid of about THREADS_PER_SM threads per SM (at
-    most one program per tile); with neither COMPUTE_DW nor COMPUTE_DB, one
-    program per tile (tiles_per_program = 1, STAGES = 1), but with TAIL
-    (FusedAdd's frozen rows: the persistent grid). Program p handles
-    the [ROWS, BLOCK_N] tiles p, p + P, p + 2P, ... (tiles_per_program of
-    them) of whole rows (BLOCK_N >= N; with TAIL, BLOCK_N + TAIL >= N).
+    most one program per tile; skewed or fp32, at most TILE_BWD_MAX_REGISTERS
+    registers a thread, so that they fit side by side); with neither
+    COMPUTE_DW nor COMPUTE_DB, one program per tile (tiles_per_program = 1,
+    STAGES = 1), but with TAIL (FusedAdd's frozen rows: the persistent
+    grid). Program p handles the [ROWS, BLOCK_N] tiles p, p + P, p + 2P, ...
+    (tiles_per_program of them) of whole rows (BLOCK_N >= N; with TAIL,
+    BLOCK_N + TAIL >= N).
     Pointers: DY, X, DX, DS are (M, N) with unit column stride (for
     FusedAddRMSNorm, X is the saved sum s and DS the gradient of s); W is (N,);
     Mean, Rstd are (M,) fp32; DWp, DBp are (P, N) fp32, contiguous, or with
@@ -3038,7 +3048,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         tails = two_acc or (tail_rows and (t.rows, t.block_n, t.num_warps) == (1, ROW_BLOCK_MAX, 16))
         tail = max(PADDED_TAIL_BLOCK_N, _pow2(N - t.block_n // 2)) if tails else 0
         row_each = piped or two_acc   # a row per tile: its buffers counted exactly (`_pipeline_stages`)
-        g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=trains or tail > 0,
+        persistent = trains or tail > 0
+        capped = persistent and (tile_skew > 0 or x.element_size() == 4)   # TILE_BWD_MAX_REGISTERS
+        g = _row_grid(t, (x, dy, ds, weight if w_per_tile else None), x.device, persistent=persistent,
                       depth=PADDED_PIPELINE_STAGES if padded and not row_each else PIPELINE_STAGES, exact=row_each,
                       classes=max(1, tile_skew))
         stages = 1 if reload else g.stages
@@ -3058,8 +3070,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             ROWS=t.rows, BLOCK_N=t.block_n // 2 if tail else t.block_n, STAGES=stages, RELOAD=reload,
             W_PER_TILE=w_per_tile, N_CONST=N if piped or short_vec else 0,
             VEC=PIPED_VEC_ELEMENTS if narrow else short_vec,
-            JOINT=joint, TAIL=tail, SKEW=tile_skew,
-            num_warps=t.num_warps, enable_fp_fusion=FP_FUSION)
+            JOINT=joint, TAIL=tail, SKEW=tile_skew, num_warps=t.num_warps,
+            maxnreg=TILE_BWD_MAX_REGISTERS if capped else None, enable_fp_fusion=FP_FUSION)
     else:
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is

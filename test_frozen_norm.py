@@ -2031,6 +2031,27 @@ def test_long_row_forward_presum(name, N, presum):
     assert [lc.constexprs["PRESUM"] for lc in rec.launches] == [presum], rec.launches
 
 
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+@pytest.mark.parametrize("N, dtype, capped", [(129, torch.bfloat16, True), (1024, torch.float32, True),
+                                              (1024, torch.bfloat16, False), (199, torch.float16, True)])
+def test_tile_backward_register_cap(name, N, dtype, capped):
+    """The row norms' tile backward launches with TILE_BWD_MAX_REGISTERS
+    where its grid is persistent (a parameter trains) and its rows are
+    skewed (odd rows, read skewed when trained) or fp32; with no cap
+    otherwise (aligned 16-bit rows, or frozen parameters: a program per
+    tile). Recorded on meta tensors, every freeze pattern."""
+    from bench_frozen_norm import VARIANTS, record_backward
+    checked = set()
+    for variant, want in VARIANTS[name].items():
+        trains = bool(want.get("dw") or want.get("db"))
+        for lc in record_backward(name, (64, N), want, dtype=dtype).launches:
+            if lc.name == "_row_norm_bwd_kernel":
+                assert not trains or (lc.constexprs["SKEW"] > 0) == (N % 2 == 1), (variant, lc.constexprs)
+                assert lc.maxnreg == (fn.TILE_BWD_MAX_REGISTERS if capped and trains else None), variant
+                checked.add(trains)
+    assert checked == {True, False}
+
+
 @pytest.mark.parametrize("N, kernel, cap", [(4096, "_poly_norm_bwd_kernel", fn.POLY_BWD_MAX_REGISTERS),
                                              (65536, "_long_poly_norm_bwd_kernel", fn.LONG_BWD_MAX_REGISTERS)],
                          ids=["tile", "long-rows"])
