@@ -388,14 +388,11 @@ LONG_FWD_PRESUM_AFTER = 24576
 # keep one frame of lanes (`_row_norm_bwd_kernel`'s SKEW). But where such
 # tiles measured slower than that second read (NOTES.md, section 2), its
 # rows take a row a program too (`_skewed_trained_row_each`). In 16-bit
-# dtypes: LayerNorm's whose row and the lanes before it span more than
-# SKEW_TRAINED_TILE_BLOCK_MAX lanes (its skewed tiles lose from there on);
-# RMSNorm's and FusedAdd's in a tile of one row and at most
-# SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL or
-# less (half-empty tiles; fuller ones, and wider, win), and FusedAdd's in a
-# tile of two rows that they fill to SKEW_TRAINED_PAIR_FILL or less
-# (RMSNorm's such tiles win: not known why). In fp32, whose skewed tiles
-# measured faster, only LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX
+# dtypes: every op's without dx from SKEW_TRAINED_NODX_ROW_MIN elements on
+# (then the dw/db kernel alone, one read of x and dy; shorter rows, not
+# measured, keep their tiles), and with dx LayerNorm's whose row and the lanes before it span
+# more than SKEW_TRAINED_TILE_BLOCK_MAX lanes (its skewed tiles lose from
+# there on). In fp32, only LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX
 # lanes. The shorter rows' untrained tiles read them skewed too, a class of
 # rows a tile, where that measured faster than one element a lane (NOTES.md,
 # section 6), in tiles of SKEW_TILE_BLOCK_MIN lanes or more (narrower ones
@@ -413,9 +410,7 @@ SKEW_RESIDUAL_TILE_FWD_ROW_MIN = 384
 SKEW_TILE_BLOCK_MIN = 128
 SKEW_TRAINED_TILE_BLOCK_MAX = 256
 SKEW_TRAINED_FP32_TILE_BLOCK_MAX = 4096
-SKEW_TRAINED_ROW_TILE_MAX = 4096
-SKEW_TRAINED_ROW_FILL = 0.6
-SKEW_TRAINED_PAIR_FILL = 0.7
+SKEW_TRAINED_NODX_ROW_MIN = 128
 
 # --- Trained backward of rows past ROW_BLOCK_MAX -----------------------------
 
@@ -1115,31 +1110,21 @@ def _skewed_tiles(M: int, N: int, skew: int, **plan) -> Optional["_RowTiling"]:
     return room._replace(num_tiles=skew * _cdiv(_cdiv(M, skew), room.rows)) if room.one_pass else None
 
 
-def _skewed_trained_row_each(N: int, skew: int, center: bool, residual: bool) -> bool:
+def _skewed_trained_row_each(N: int, skew: int, center: bool, compute_dx: bool) -> bool:
     """Whether the trained backward takes odd rows of N read skewed (SKEW =
     skew > 0) that a tile would hold a row a program, in the long-row
     kernels and the dw/db kernel (`_row_tiling`'s `skewed`), not in skewed
-    tiles. 16-bit rows (SKEW 8): LayerNorm's (`center`) where the row and
-    the skew - 1 lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX
-    lanes; RMSNorm's and FusedAdd's where they take a tile of one row
-    (LOOP_TILE_ELEMENTS lanes or more) of at most SKEW_TRAINED_ROW_TILE_MAX
-    lanes and fill at most SKEW_TRAINED_ROW_FILL of it; FusedAdd's with
-    ds to read (`residual`; without dx it gets none, s being
-    non-differentiable, and plans as RMSNorm's) also where they take a
-    tile of two rows and fill at most SKEW_TRAINED_PAIR_FILL of their half.
-    fp32 rows (SKEW 4): LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX
-    lanes, no others."""
-    lanes = _lanes_walked(N, skew)
-    sixteen_bit = skew == 8   # `_row_skew`: the elements of a 16-byte vector
-    if center:
-        return lanes > (SKEW_TRAINED_TILE_BLOCK_MAX if sixteen_bit else SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
-    if not sixteen_bit:
-        return False
-    block_n = _pow2(lanes)
-    if residual and block_n == LOOP_TILE_ELEMENTS // 2:
-        return _fills_poorly(lanes, block_n, SKEW_TRAINED_PAIR_FILL)
-    return (LOOP_TILE_ELEMENTS <= block_n <= SKEW_TRAINED_ROW_TILE_MAX
-            and _fills_poorly(lanes, block_n, SKEW_TRAINED_ROW_FILL))
+    tiles. 16-bit rows (SKEW 8): without dx, every op's of
+    SKEW_TRAINED_NODX_ROW_MIN elements or more (the dw/db kernel alone);
+    with dx, LayerNorm's (`center`) where the row and the skew - 1
+    lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX lanes. fp32
+    rows (SKEW 4): LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes,
+    no others."""
+    if skew == 8:   # `_row_skew`: the elements of a 16-byte vector
+        if not compute_dx:
+            return N >= SKEW_TRAINED_NODX_ROW_MIN
+        return center and _lanes_walked(N, skew) > SKEW_TRAINED_TILE_BLOCK_MAX
+    return center and _lanes_walked(N, skew) > SKEW_TRAINED_FP32_TILE_BLOCK_MAX
 
 
 def _skewed_copies(v: Optional[torch.Tensor], N: int, skew: int) -> Optional[torch.Tensor]:
@@ -2954,7 +2939,7 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     # SKEW_RESIDUAL_BWD_ROW_MIN); trained, where its skewed tiles measured slower (`_skewed_trained_row_each`).
     skew = _row_skew(N, strides, (dy, x, ds, dx))
     if trains:
-        skewed = skew > 0 and _skewed_trained_row_each(N, skew, mean is not None, ds is not None)
+        skewed = skew > 0 and _skewed_trained_row_each(N, skew, mean is not None, compute_dx)
     else:
         skewed = skew > 0 and N >= (SKEW_TILE_ROW_MIN if ds is None else SKEW_RESIDUAL_BWD_ROW_MIN)
     plan = dict(backward=True, padded_long=not (trains or tail_rows), padded_tile=mean is not None and not trains,

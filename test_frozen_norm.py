@@ -1220,7 +1220,7 @@ def test_short_narrow_plan(dtype):
         for (name, variant), want in zip(frozen.items(), wants[1:]):
             if dtype == torch.float32 and want != "long":
                 want = 0
-            trained = "long" if N % 2 and _trained_rows_each(name, N, 16 // dtype.itemsize) else 0
+            trained = "long" if N % 2 and _trained_rows_each(name, N, 16 // dtype.itemsize, dx=True) else 0
             for v, w in ((variant, want), ("trainable", trained)):
                 got = _short_narrow_launch(main_backward_launch(record_backward(name, (8192, N), VARIANTS[name][v],
                                                                                 dtype=dtype)))
@@ -1428,26 +1428,17 @@ def _untrained_tiles_skewed(name, N, skew):
     return forward, frozen
 
 
-def _trained_rows_each(name, N, skew):
+def _trained_rows_each(name, N, skew, dx):
     """Whether the trained backward takes odd rows of N a tile would hold a
     row a program (the long-row dx kernel and the dw/db kernel), by the rule
-    `_row_norm_backward` states. In 16-bit dtypes (skew 8): LayerNorm's
-    whose row and the skew - 1 lanes before it exceed
-    SKEW_TRAINED_TILE_BLOCK_MAX lanes; RMSNorm's and FusedAdd's in a
-    one-row tile (LOOP_TILE_ELEMENTS lanes or more) of at most
-    SKEW_TRAINED_ROW_TILE_MAX lanes that they fill to SKEW_TRAINED_ROW_FILL
-    or less; FusedAdd's in a tile of two rows that they fill to
-    SKEW_TRAINED_PAIR_FILL or less. In fp32 (skew 4): LayerNorm's past
-    SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes."""
+    `_row_norm_backward` states. In 16-bit dtypes (skew 8): every op's
+    without dx from SKEW_TRAINED_NODX_ROW_MIN elements on; with dx, LayerNorm's whose row and the skew - 1 lanes before
+    it exceed SKEW_TRAINED_TILE_BLOCK_MAX lanes. In fp32 (skew 4):
+    LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes."""
     lanes = N + skew - 1
-    if name == "ln":
-        return lanes > (fn.SKEW_TRAINED_TILE_BLOCK_MAX if skew == 8 else fn.SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
-    if skew != 8:
-        return False
-    room = fn._pow2(lanes)
-    if name == "fadd" and 2 * room == fn.LOOP_TILE_ELEMENTS:
-        return lanes <= fn.SKEW_TRAINED_PAIR_FILL * room
-    return fn.LOOP_TILE_ELEMENTS <= room <= fn.SKEW_TRAINED_ROW_TILE_MAX and lanes <= fn.SKEW_TRAINED_ROW_FILL * room
+    if skew == 8 and not dx:
+        return N >= fn.SKEW_TRAINED_NODX_ROW_MIN
+    return name == "ln" and lanes > (fn.SKEW_TRAINED_TILE_BLOCK_MAX if skew == 8 else fn.SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
@@ -1477,7 +1468,7 @@ def test_skewed_tile_rows(name, N, extra):
     long_fwd, long_frozen = not extra and N >= fwd_min, not extra and N >= bwd_min
     assert {lc.name for lc in forward} == {"_long_row_norm_fwd_kernel" if long_fwd else "_row_norm_fwd_kernel"}, names
     assert [lc.name for lc in frozen] == ["_long_row_norm_bwd_kernel" if long_frozen else "_row_norm_bwd_kernel"]
-    if not extra and _trained_rows_each(name, N, 8):
+    if not extra and _trained_rows_each(name, N, 8, dx=True):
         assert [lc.name for lc in trained] == ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"], names
         assert {lc.constexprs["SKEW"] for lc in trained} == {8}
     else:
@@ -1514,7 +1505,9 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     on one program a class where the grid is persistent (`_programs_per_sm`
     1 on one SM), so that each program loops over its class's tiles,
     against float64 element by element, the outputs and every gradient, for
-    every freeze pattern whose backward is a tile: a dw or db lane left in
+    every freeze pattern whose backward is a tile (and the trained one
+    without dx, from SKEW_TRAINED_NODX_ROW_MIN on in 16-bit dtypes the dw/db
+    kernel's): a dw or db lane left in
     its skewed frame, a row of another class, or an edge of y, s or dx
     missed would show; twice, the same bits."""
     skew = 16 // dtype.itemsize
@@ -1527,7 +1520,7 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     forward = [launches[i] for i in starts if launches[i].name == "_row_norm_fwd_kernel"]
     trained, frozen = ([lc for lc in run if lc.name == "_row_norm_bwd_kernel"]
                        for run in (launches[1:starts[1]], launches[starts[1] + 1:]))
-    row_each = _trained_rows_each(name, N, skew)
+    row_each = _trained_rows_each(name, N, skew, dx=True)
     assert len(trained) == (not row_each) and len(forward) == 2 * (N < fwd_min), launches
     assert len(frozen) == (N < bwd_min), launches
     if row_each:
@@ -1554,16 +1547,10 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
 
 
 @pytest.mark.parametrize("name, N, dtype, each", [
-    ("rms", 1221, torch.bfloat16, True),    # 1228 lanes: 0.6 of the tile of 2048
-    ("rms", 1223, torch.bfloat16, False),   # 1230: past it, the skewed tile
-    ("fadd", 1025, torch.bfloat16, True),   # 1032 lanes: about half the tile of 2048
-    ("fadd", 2049, torch.bfloat16, True),   # the tile of 4096 (SKEW_TRAINED_ROW_TILE_MAX)
+    ("rms", 1025, torch.bfloat16, False),   # 1032 lanes: about half the tile of 2048, the skewed tile
+    ("fadd", 2049, torch.bfloat16, False),  # the tile of 4096
     ("rms", 4097, torch.bfloat16, False),   # the tile of 8192
-    ("rms", 513, torch.bfloat16, False),    # a tile of two rows of 1024: RMSNorm's stays
-    ("fadd", 513, torch.bfloat16, True),    # FusedAdd's: 520 lanes, about half of its 1024
-    ("fadd", 709, torch.bfloat16, True),    # 716: 0.7 of 1024 (SKEW_TRAINED_PAIR_FILL)
-    ("fadd", 711, torch.bfloat16, False),   # 718: past it, the skewed tile
-    ("fadd", 449, torch.bfloat16, False),   # a tile of four rows of 512
+    ("fadd", 513, torch.float16, False),    # a tile of two rows of 1024
     ("rms", 1225, torch.float32, False),    # fp32 (SKEW 4): RMSNorm's tiles stay
     ("fadd", 513, torch.float32, False),    # and FusedAdd's
     ("ln", 1025, torch.float32, False),     # and LayerNorm's up to 4096 lanes
@@ -1571,28 +1558,35 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     ("ln", 4095, torch.float32, True),      # 4098
     ("ln", 249, torch.bfloat16, False),     # 256 lanes (SKEW_TRAINED_TILE_BLOCK_MAX)
     ("ln", 251, torch.bfloat16, True),      # 258
-    ("ln", 8191, torch.bfloat16, True)])    # no tile holds 8198 lanes
+    ("ln", 8191, torch.bfloat16, True),     # no tile holds 8198 lanes
+    ("rms", 127, torch.bfloat16, False),    # without dx, under SKEW_TRAINED_NODX_ROW_MIN: the skewed tile
+    ("fadd", 129, torch.bfloat16, False)])  # from it on, the dw/db kernel alone
 def test_skewed_trained_rows_each(name, N, dtype, each):
     """The trained backward's odd rows a tile would hold, a row a program
     (the long-row dx kernel, then the dw/db kernel, both with SKEW) where
     `_skewed_trained_row_each` says so, which `_trained_rows_each` restates
     (a change of either fails here); else the skewed tile kernel, but where
-    no tile holds the row and the lanes before it, one element a lane. The
-    same for every trained pattern (dx asked or not; recorded on meta
-    tensors). Against float64 element by element, every freeze pattern
-    that trains, for the rows under 2048 (the longer ones take the same
-    kernels, which test_skewed_tile_rows runs at 4097 and 8189)."""
+    no tile holds the row and the lanes before it, one element a lane.
+    `each`: the plan with dx; without dx (recorded on meta tensors, as
+    every trained pattern), 16-bit rows of SKEW_TRAINED_NODX_ROW_MIN or more
+    take the dw/db kernel alone.
+    Against float64 element by element, every freeze pattern that trains,
+    for the rows under 2048 (the longer ones take the same kernels, which
+    test_skewed_tile_rows runs at 4097 and 8189)."""
     from bench_frozen_norm import VARIANTS, record_backward
     skew = 16 // dtype.itemsize
-    rule = fn._skewed_trained_row_each(N, skew, center=name == "ln", residual=name == "fadd")
-    assert rule == each == _trained_rows_each(name, N, skew)
+    for dx in (True, False):
+        rule = fn._skewed_trained_row_each(N, skew, center=name == "ln", compute_dx=dx)
+        nodx_each = skew == 8 and not dx and N >= fn.SKEW_TRAINED_NODX_ROW_MIN
+        assert rule == _trained_rows_each(name, N, skew, dx) == (each or nodx_each), dx
     for variant, want in VARIANTS[name].items():
         if not (want.get("dw") or want.get("db")):
             continue
         got = [(lc.name, lc.constexprs["SKEW"]) for lc in record_backward(name, (64, N), want, dtype=dtype).launches
                if lc.name != "_sum_partials_kernel"]
         dwdb = [("_row_norm_dwdb_kernel", skew)]
-        wanted = (([("_long_row_norm_bwd_kernel", skew)] if want["dx"] else []) + dwdb if each else
+        row_each = _trained_rows_each(name, N, skew, bool(want["dx"]))
+        wanted = (([("_long_row_norm_bwd_kernel", skew)] if want["dx"] else []) + dwdb if row_each else
                   [("_row_norm_bwd_kernel", 0 if fn._pow2(N + skew - 1) > fn.ROW_BLOCK_MAX else skew)])
         assert got == wanted, (variant, got)
     if N < 2048:
