@@ -390,19 +390,21 @@ LONG_FWD_PRESUM_AFTER = 24576
 # rows take a row a program too (`_skewed_trained_row_each`). In 16-bit
 # dtypes: every op's without dx from SKEW_TRAINED_NODX_ROW_MIN elements on
 # (then the dw/db kernel alone, one read of x and dy; shorter rows, not
-# measured, keep their tiles), and with dx LayerNorm's whose row and the lanes before it span
-# more than SKEW_TRAINED_TILE_BLOCK_MAX lanes (its skewed tiles lose from
-# there on). In fp32, only LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX
-# lanes. The shorter rows' untrained tiles read them skewed too, a class of
-# rows a tile, where that measured faster than one element a lane (NOTES.md,
-# section 6), in tiles of SKEW_TILE_BLOCK_MIN lanes or more (narrower ones
-# measured slower; our guess: rows SKEW apart, of a few dozen bytes each,
-# scatter a tile's loads over many DRAM bursts): the forwards of FusedAdd's
-# rows from SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose own
-# tile has room for the lanes before the row too, and the frozen backwards
-# of both where the row and those lanes do not leave the tile padded
-# (PADDED_ROW_FILL). LayerNorm's measured slower or faster by the row
-# length, with no rule we found: one element a lane.
+# measured, keep their tiles), and with dx LayerNorm's whose row and the
+# lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX lanes (its
+# skewed tiles lose from there on; RMSNorm's and FusedAdd's win, capped at
+# TILE_BWD_MAX_REGISTERS). In fp32, only LayerNorm's past
+# SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes. The shorter rows' untrained
+# tiles read them skewed too, a class of rows a tile, where that measured
+# faster than one element a lane (NOTES.md, section 6), in tiles of
+# SKEW_TILE_BLOCK_MIN lanes or more (narrower ones measured slower; our guess:
+# rows SKEW apart, of a few dozen bytes each, scatter a tile's loads over many
+# DRAM bursts): the forwards of FusedAdd's rows from
+# SKEW_RESIDUAL_TILE_FWD_ROW_MIN on and of RMSNorm's whose own tile has room
+# for the lanes before the row too, and the frozen backwards of both where the
+# row and those lanes do not leave the tile padded (PADDED_ROW_FILL).
+# LayerNorm's measured slower or faster by the row length, with no rule we
+# found: one element a lane.
 SKEW_TILE_ROW_MIN = 512
 SKEW_RESIDUAL_FWD_ROW_MIN = 4096
 SKEW_RESIDUAL_BWD_ROW_MIN = 1024
