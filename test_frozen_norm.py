@@ -1432,9 +1432,10 @@ def _trained_rows_each(name, N, skew, dx):
     """Whether the trained backward takes odd rows of N a tile would hold a
     row a program (the long-row dx kernel and the dw/db kernel), by the rule
     `_row_norm_backward` states. In 16-bit dtypes (skew 8): every op's
-    without dx from SKEW_TRAINED_NODX_ROW_MIN elements on; with dx, LayerNorm's whose row and the skew - 1 lanes before
-    it exceed SKEW_TRAINED_TILE_BLOCK_MAX lanes. In fp32 (skew 4):
-    LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes."""
+    without dx from SKEW_TRAINED_NODX_ROW_MIN elements on; with dx,
+    LayerNorm's whose row and the skew - 1 lanes before it exceed
+    SKEW_TRAINED_TILE_BLOCK_MAX lanes. In fp32 (skew 4): LayerNorm's past
+    SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes."""
     lanes = N + skew - 1
     if skew == 8 and not dx:
         return N >= fn.SKEW_TRAINED_NODX_ROW_MIN
@@ -1507,9 +1508,9 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     against float64 element by element, the outputs and every gradient, for
     every freeze pattern whose backward is a tile (and the trained one
     without dx, from SKEW_TRAINED_NODX_ROW_MIN on in 16-bit dtypes the dw/db
-    kernel's): a dw or db lane left in
-    its skewed frame, a row of another class, or an edge of y, s or dx
-    missed would show; twice, the same bits."""
+    kernel's): a dw or db lane left in its skewed frame, a row of another
+    class, or an edge of y, s or dx missed would show; twice, the same
+    bits."""
     skew = 16 // dtype.itemsize
     launches = [lc for lc in _row_launches(name, N, N + extra, dtype=dtype) if lc.name != "_sum_partials_kernel"]
     starts = [i for i, lc in enumerate(launches) if "_fwd_" in lc.name]
@@ -1569,10 +1570,10 @@ def test_skewed_trained_rows_each(name, N, dtype, each):
     no tile holds the row and the lanes before it, one element a lane.
     `each`: the plan with dx; without dx (recorded on meta tensors, as
     every trained pattern), 16-bit rows of SKEW_TRAINED_NODX_ROW_MIN or more
-    take the dw/db kernel alone.
-    Against float64 element by element, every freeze pattern that trains,
-    for the rows under 2048 (the longer ones take the same kernels, which
-    test_skewed_tile_rows runs at 4097 and 8189)."""
+    take the dw/db kernel alone. Against float64 element by element, every
+    freeze pattern that trains, for the rows under 2048 (the longer ones
+    take the same kernels, which test_skewed_tile_rows runs at 4097 and
+    8189)."""
     from bench_frozen_norm import VARIANTS, record_backward
     skew = 16 // dtype.itemsize
     for dx in (True, False):
