@@ -1122,11 +1122,11 @@ def _skewed_trained_row_each(N: int, skew: int, center: bool, compute_dx: bool) 
     lanes before it span more than SKEW_TRAINED_TILE_BLOCK_MAX lanes. fp32
     rows (SKEW 4): LayerNorm's past SKEW_TRAINED_FP32_TILE_BLOCK_MAX lanes,
     no others."""
-    if skew == 8:   # `_row_skew`: the elements of a 16-byte vector
-        if not compute_dx:
-            return N >= SKEW_TRAINED_NODX_ROW_MIN
-        return center and _lanes_walked(N, skew) > SKEW_TRAINED_TILE_BLOCK_MAX
-    return center and _lanes_walked(N, skew) > SKEW_TRAINED_FP32_TILE_BLOCK_MAX
+    sixteen_bit = skew == 8   # `_row_skew`: the elements of a 16-byte vector
+    if sixteen_bit and not compute_dx:
+        return N >= SKEW_TRAINED_NODX_ROW_MIN
+    block_max = SKEW_TRAINED_TILE_BLOCK_MAX if sixteen_bit else SKEW_TRAINED_FP32_TILE_BLOCK_MAX
+    return center and _lanes_walked(N, skew) > block_max
 
 
 def _skewed_copies(v: Optional[torch.Tensor], N: int, skew: int) -> Optional[torch.Tensor]:
