@@ -1439,7 +1439,8 @@ def _trained_rows_each(name, N, skew, dx):
     lanes = N + skew - 1
     if skew == 8 and not dx:
         return N >= fn.SKEW_TRAINED_NODX_ROW_MIN
-    return name == "ln" and lanes > (fn.SKEW_TRAINED_TILE_BLOCK_MAX if skew == 8 else fn.SKEW_TRAINED_FP32_TILE_BLOCK_MAX)
+    block_max = fn.SKEW_TRAINED_TILE_BLOCK_MAX if skew == 8 else fn.SKEW_TRAINED_FP32_TILE_BLOCK_MAX
+    return name == "ln" and lanes > block_max
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
