@@ -607,6 +607,13 @@ DW_BESIDE_RMS_PROGRAMS_PER_SM = 0.5
 DW_BESIDE_TILE = 16384
 DW_BESIDE_WARPS = 16
 DW_BESIDE_MAX_REGISTERS = 64
+# Trained rows of more than COLUMNS_DX_ROW_BYTES of x, with dx asked (not
+# odd rows): the rows' programs in flight hold more than L2 gives back, so
+# the long-row kernel's pass 2 reads x and dy from DRAM again, and the dw/db
+# kernel a third time. There the long-row kernel keeps pass 1 alone
+# (CONSTANTS_ONLY) and `_row_norm_columns_bwd_kernel` writes dx in the dw/db
+# kernel's tiles: x and dy read twice, not three times.
+COLUMNS_DX_ROW_BYTES = 2**17
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
 INTERPRETER_SMS = 3
@@ -2563,13 +2570,13 @@ def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
 
 @triton.jit
 def _long_row_norm_bwd_kernel(
-    DY, X, W, Mean, Rstd, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
+    DY, X, W, Mean, Rstd, DS, DX, DWp, DBp, K,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
     stride_dy, stride_x, stride_ds, stride_dx, stride_stats, G,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
     PRESUM: tl.constexpr, HW: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_HW: tl.constexpr, JOINT: tl.constexpr, UNROLL: tl.constexpr, UNROLL_SUMS: tl.constexpr,
-    ALIGN: tl.constexpr, SKEW: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr, CONSTANTS_ONLY: tl.constexpr,
 ):
     """dx of rows longer than ROW_BLOCK_MAX (dw/db: `_row_norm_dwdb_kernel`),
     unless the tile kernel takes them with RELOAD (see `_row_norm_backward`).
@@ -2600,7 +2607,7 @@ def _long_row_norm_bwd_kernel(
     thread (LONG_BWD_SPILL_MAX_REGISTERS for fp32 rows and where ptxas spills
     under that; see the constants).
     Pointers and dtypes as `_row_norm_bwd_kernel`, but DWp and DBp
-    (GroupNorm's only, below).
+    (GroupNorm's only, below) and K (CONSTANTS_ONLY's only, below).
     N is a compile-time constant (see `_long_row_norm_fwd_kernel`), and so is
     the offset o, as in every row kernel (`_load_scale`): here a runtime o
     measured slower (NOTES.md, section 6).
@@ -2630,6 +2637,11 @@ def _long_row_norm_bwd_kernel(
     B = 1, dw and db themselves: `_sum_targets`). BLOCK_C, BLOCK_HW: that
     tile (`_group_long_sum_tile`; 1 where neither trains).
     ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
+    CONSTANTS_ONLY (the row norms' rows past COLUMNS_DX_ROW_BYTES, trained;
+    not with SKEW): pass 1 alone, storing the row's k1 and k0 (below) into
+    row `row` of K, (M, 2) fp32, for `_row_norm_columns_bwd_kernel`, which
+    writes dx; False removes that store, True removes pass 2 (DS and DX are
+    not touched).
     """
     stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
@@ -2689,18 +2701,22 @@ def _long_row_norm_bwd_kernel(
     # Pass 2, last chunk first (the one most likely still in L2): dx =
     # rstd * (g - xhat * c1 - c2), regrouped as rstd * g + k1 * x + k0.
     k1, k0 = _dx_constants(c1, c2, mean, rstd, CENTER)
-    if HW > 0:
-        lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
-    last: tl.constexpr = (LANES - 1) // BLOCK_N * BLOCK_N
-    for k in tl.range(0, LANES, BLOCK_N, loop_unroll_factor=_unroll_factor(LANES, BLOCK_N, UNROLL)):
-        cols = (last - k) + lanes
-        x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
-        mask, _, body = _skewed_lanes(cols, skew, n, N, SKEW)
-        _long_row_dx(x, g, DS, DX, cols, mask, body, rstd, k1, k0, HAS_DS)
-    if SKEW:   # the lanes in no whole vector, one by one
-        cols, mask = _skew_edges(skew, N, SKEW)
-        x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
-        _long_row_dx(x, g, DS, DX, cols, mask, mask, rstd, k1, k0, HAS_DS)
+    if CONSTANTS_ONLY:   # dx by columns, after this kernel
+        tl.store(K + row * 2, k1)
+        tl.store(K + row * 2 + 1, k0)
+    else:
+        if HW > 0:
+            lanes = sum_lanes   # GroupNorm: w per group (`_affine_index`)
+        last: tl.constexpr = (LANES - 1) // BLOCK_N * BLOCK_N
+        for k in tl.range(0, LANES, BLOCK_N, loop_unroll_factor=_unroll_factor(LANES, BLOCK_N, UNROLL)):
+            cols = (last - k) + lanes
+            x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
+            mask, _, body = _skewed_lanes(cols, skew, n, N, SKEW)
+            _long_row_dx(x, g, DS, DX, cols, mask, body, rstd, k1, k0, HAS_DS)
+        if SKEW:   # the lanes in no whole vector, one by one
+            cols, mask = _skew_edges(skew, N, SKEW)
+            x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
+            _long_row_dx(x, g, DS, DX, cols, mask, mask, rstd, k1, k0, HAS_DS)
 
 
 @triton.jit
@@ -2782,6 +2798,73 @@ def _row_norm_dwdb_kernel(
     out, in_row = split.to(tl.int64) * N + lanes, lanes < N
     if SKEW:
         in_row = in_row & (lanes >= 0)
+    if COMPUTE_DW:
+        tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=in_row)
+    if COMPUTE_DB:
+        tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=in_row)
+
+@triton.jit
+def _row_norm_columns_bwd_kernel(
+    DY, X, W, Mean, Rstd, K, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); K: (M, 2) fp32; DWp, DBp: (S, N) fp32
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, rows_per_split,
+    OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
+    COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
+):
+    """dx and partial dw = sum of dy * xhat, db = sum of dy, of rows too long
+    for L2 (COLUMNS_DX_ROW_BYTES), by column blocks.
+
+    The delta on `_row_norm_dwdb_kernel`: the same grid, tiles and partial
+    sums, and each tile's dx written on the way, dx = rstd * g + k1 * x + k0
+    (g = dy * (o + w)), from the row constants k1, k0 that
+    `_long_row_norm_bwd_kernel` (CONSTANTS_ONLY) stored in K. So x and dy
+    are read twice in all, once for the row sums and once here, where the
+    long-row kernel's pass 2 would read them again (from DRAM, on such
+    rows) and the dw/db kernel a third time.
+
+    Grid: (cdiv(N, BLOCK_N), S), as `_row_norm_dwdb_kernel` without SKEW;
+    the rows from the last block to the first (the row sums' kernel ended
+    on the last rows).
+    Pointers: DY, X, DS, DX (M, N) with unit column stride (DX's row stride
+    stride_dx); W (N,); Mean, Rstd (M,) fp32; K (M, 2) fp32, contiguous;
+    DWp, DBp as in `_row_norm_dwdb_kernel`. Any float dtypes for DY, X, DS
+    and W; dx is written in DX's.
+    Flags: CENTER, HAS_W, HAS_DS, OFFSET as in `_row_norm_bwd_kernel`;
+    COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store.
+    STAGES, ALIGN as in `_row_norm_dwdb_kernel`.
+    """
+    N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
+    stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
+    row_start = split * rows_per_split
+    row_end = tl.minimum(M, row_start + rows_per_split)
+    blocks = tl.cdiv(row_end - row_start, BLOCK_M)
+    scale = 1.0
+    if HAS_W:
+        scale = _load_scale(W, cols, N, OFFSET)[None, :]
+    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in tl.range(0, blocks, num_stages=STAGES):
+        rows = row_start + (blocks - 1 - i) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)
+        k1 = tl.load(K + rows * 2, mask=rows < row_end, other=0.0)[:, None]
+        k0 = tl.load(K + rows * 2 + 1, mask=rows < row_end, other=0.0)[:, None]
+        dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
+        x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
+        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        dx = (dy * scale) * rstd[:, None] + (x * k1 + k0)
+        if HAS_DS:
+            ds_offs, _ = _tile(rows, cols, row_end, N, stride_ds)
+            dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
+        dx_offs, _ = _tile(rows, cols, row_end, N, stride_dx)
+        tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
+        if COMPUTE_DW:
+            dw_acc += dy * tl.where(mask, _xhat(x, mean[:, None], rstd[:, None], CENTER), 0.0)
+        if COMPUTE_DB:
+            db_acc += dy
+    out, in_row = split.to(tl.int64) * N + cols, cols < N
     if COMPUTE_DW:
         tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=in_row)
     if COMPUTE_DB:
@@ -3063,7 +3146,10 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is
         # captured (`_dwdb_beside`).
-        beside = compute_dx and trains and not skew and _dwdb_beside(x.device)   # odd rows' partials: after
+        # COLUMNS_DX_ROW_BYTES: pass 1 alone in the long-row kernel, dx with dw/db by columns.
+        columns = compute_dx and trains and not skew and N * x.element_size() > COLUMNS_DX_ROW_BYTES
+        k = torch.empty((M, 2), dtype=torch.float32, device=x.device) if columns else None
+        beside = compute_dx and trains and not (skew or columns) and _dwdb_beside(x.device)   # odd rows': after
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and
@@ -3079,8 +3165,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
                 cap = _ptxas_cap(cap, t, N, ds is not None, rms_frozen)
             launch_dx = functools.partial(
                 _long_row_norm_bwd_kernel[(M,)],
-                dy, x, _skewed_copies(weight, N, skew), mean, rstd, ds, dx, None, None, *strides, 1, 1, N=N,
-                OFFSET=float(offset), **flags,
+                dy, x, _skewed_copies(weight, N, skew), mean, rstd, ds, dx, None, None, k, *strides, 1, 1, N=N,
+                OFFSET=float(offset), **flags, CONSTANTS_ONLY=columns,
                 BLOCK_N=t.block_n, PRESUM=presum, HW=0, COMPUTE_DW=False, COMPUTE_DB=False, BLOCK_C=1, BLOCK_HW=1,
                 JOINT=mean is not None and _holds_sm(t.num_warps, cap), UNROLL=_unrolled(N, t.block_n),
                 UNROLL_SUMS=_unrolled_sums(N, t.block_n), num_warps=t.num_warps, maxnreg=cap, SKEW=skew,
@@ -3093,15 +3179,21 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
             if compute_dx:
                 launch_dx()
             if trains:
-                dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew)
+                dx_from = (dict(W=weight, K=k, DS=ds, DX=dx, stride_ds=stride_ds, stride_dx=N, OFFSET=float(offset))
+                           if columns else None)
+                dw_partial, db_partial = _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew,
+                                                        dx_from=dx_from)
     _reduce_partials((dw_partial, dw), (db_partial, db))
     return dx, dw, db
 
 
-def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0, beside_share=None):
+def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0, beside_share=None, dx_from=None):
     """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
-    partials, or dw and db themselves, filled, when S = 1.
+    partials, or dw and db themselves, filled, when S = 1. With `dx_from`
+    (the arguments of `_row_norm_columns_bwd_kernel` that this kernel does
+    not take; not with `skew` or `beside_share`), that kernel instead, in
+    the same tiles: dx too.
 
     After the dx kernel: tiles of DW_BLOCK_M x DW_BLOCK_N, flatter where the
     column blocks would not fit one wave (DW_WAVE_PROGRAMS_PER_SM) or a
@@ -3136,6 +3228,17 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0,
     rows_per_split = _cdiv(_cdiv(M, splits), block_m * classes) * block_m * classes
     splits = _cdiv(M, rows_per_split) * classes
     dw_partial, db_partial = _sum_targets(splits, dw, db)
+    if dx_from is not None:
+        tile_bytes = block_m * block_n * _element_bytes(dy, x, dx_from["DS"])
+        _row_norm_columns_bwd_kernel[(col_blocks, splits)](
+            dy, x, dx_from["W"], mean, rstd, dx_from["K"], dx_from["DS"], dx_from["DX"], dw_partial, db_partial,
+            M, N, stride_dy, stride_x, dx_from["stride_ds"], dx_from["stride_dx"], rows_per_split,
+            OFFSET=dx_from["OFFSET"], CENTER=mean is not None, HAS_W=dx_from["W"] is not None,
+            HAS_DS=dx_from["DS"] is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
+            BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
+            ALIGN=_align(N, stride_dy, stride_x, dx_from["stride_ds"], dx_from["stride_dx"]), num_warps=warps,
+            enable_fp_fusion=FP_FUSION)
+        return dw_partial, db_partial
     tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw else None)
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, mean, rstd, dw_partial, db_partial,
@@ -4126,8 +4229,9 @@ def group_norm_backward(dy, x, num_groups, weight, bias, stats, compute_dx=True,
             tile = dict(BLOCK_C=1, BLOCK_HW=1)
             unroll_sums = _unrolled_sums(L, long_rows.block_n)
         _long_row_norm_bwd_kernel[(B * num_groups,)](
-            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial,
+            dy3, x3, _vector(weight), stats[:, 0], stats[:, 1], None, dx, dw_partial, db_partial, None,
             L, L, 0, L, stats.stride(0), num_groups, HAS_DS=False, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db,
+            CONSTANTS_ONLY=False,
             **tile, JOINT=not trains and _holds_sm(long_rows.num_warps, LONG_BWD_MAX_REGISTERS),
             UNROLL_SUMS=unroll_sums, maxnreg=LONG_BWD_MAX_REGISTERS, **meta)
     else:

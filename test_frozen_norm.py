@@ -405,6 +405,58 @@ def test_long_rows(name, mode, presum, monkeypatch):
     check_op(OPS[name], (13, 200), torch.float32, params, _with_grads(name))
 
 
+def _columns_cases():
+    for name in ("rms", "fadd", "ln"):
+        for params, inputs in freeze_patterns(OPS[name]):
+            yield pytest.param(name, params, inputs, torch.bfloat16, id=f"{name}-bf16-{pattern_id(params, inputs)}")
+        trained = {p: TRAIN for p in OPS[name].params}
+        yield pytest.param(name, trained, _with_grads(name), torch.float32, id=f"{name}-fp32-trained")
+
+
+@pytest.mark.parametrize("name, params, inputs, dtype", list(_columns_cases()))
+def test_columns_dx(name, params, inputs, dtype, monkeypatch):
+    """Trained rows past COLUMNS_DX_ROW_BYTES (here 256 bytes: 13 rows of
+    200, in chunks of 32 past a ROW_BLOCK_MAX of 64), dx asked: the long-row
+    kernel's pass 1 alone (CONSTANTS_ONLY, k1 and k0 stored) and
+    `_row_norm_columns_bwd_kernel` for dx with dw/db, against float64, under
+    every freeze pattern; the pair exactly where a parameter trains and dx
+    is asked, else the usual launches. Gradients along y, so that an error in
+    k1 shows in dx."""
+    _long_rows_from(64, monkeypatch)
+    monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 64)   # no row a tile either
+    monkeypatch.setattr(fn, "COLUMNS_DX_ROW_BYTES", 256)
+    launches = _spied(monkeypatch, ["_long_row_norm_bwd_kernel", "_row_norm_columns_bwd_kernel",
+                                    "_row_norm_dwdb_kernel"])
+    check_op(OPS[name], (13, 200), dtype, params, inputs, along_y=True)
+    names = [name for name, _ in launches]
+    columns = TRAIN in params.values() and (inputs["x"] or inputs.get("residual", False))
+    pair = [("_long_row_norm_bwd_kernel", True), ("_row_norm_columns_bwd_kernel", None)]
+    got = [(name, constexprs.get("CONSTANTS_ONLY")) for name, constexprs in launches]
+    if columns:
+        assert got == pair, names
+    else:
+        assert "_row_norm_columns_bwd_kernel" not in names and ("_long_row_norm_bwd_kernel", True) not in got, got
+
+
+def _spied(monkeypatch, names):
+    """The launches of fn's kernels `names`, run as usual and recorded as
+    (name, constexprs), in order."""
+    launches = []
+
+    class Spy:
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(fn, name)
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((self.name, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+    for name in names:
+        monkeypatch.setattr(fn, name, Spy(name))
+    return launches
+
+
 def _poly_patterns():
     for params, inputs in freeze_patterns(OPS["poly"]):
         yield pytest.param(params, inputs, id=pattern_id(params, inputs))
