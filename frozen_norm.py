@@ -63,7 +63,9 @@ What you will learn by reading it
   (``tl.range(..., loop_unroll_factor=...)``, UNROLL and UNROLL_SUMS), not
   left to LLVM, whose choice changed between Triton versions;
   and several row sums reduced as one tuple (`tl.reduce` with `_add2`), one
-  exchange between warps, where a program is alone on its SM (JOINT).
+  exchange between warps, where a program is alone on its SM (JOINT). And,
+  trained, rows too long for L2 too: the row sums first, then dx beside the
+  dw and db sums, by blocks of columns (COLUMNS_DX_ROW_BYTES).
 * Filling the GPU when a tensor has fewer rows than SMs (GroupNorm, small
   batches): each row split over programs, by channels and by pieces of
   them, in two launches, the partial moments merged by Chan's formula, and
@@ -1752,7 +1754,11 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # time from DRAM. Where its programs walk all the rows (one row slice), their
 # sums are dw itself: no scratch, no reduction launch. While a CUDA graph is
 # captured it runs beside the dx kernel, on part of the SMs and a second
-# stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH).
+# stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH). Rows so
+# long that the dx kernel's second pass no longer finds them in L2 either
+# (COLUMNS_DX_ROW_BYTES) keep its first pass alone, and
+# `_row_norm_columns_bwd_kernel` writes dx in the dw/db kernel's tiles: x and
+# dy read twice, not three times.
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -2985,7 +2991,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1; with S = 1 (P
     = 1 for the tile kernel) the kernel writes dw and db themselves, with no
     buffer and no reduction launch (`_sum_targets`): on an H200 that is every
-    row longer than 8384.
+    row longer than 8384. Rows of more than COLUMNS_DX_ROW_BYTES with dx
+    and dw/db asked (not odd rows): the long-row kernel's pass 1 alone
+    (CONSTANTS_ONLY, the rows' k1 and k0 into an (M, 2) fp32 buffer), then
+    `_row_norm_columns_bwd_kernel` for dx and dw/db in `_row_norm_dwdb`'s
+    tiles.
     While a CUDA graph is captured, with dx asked too, the dw/db kernel runs
     beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH).
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.

@@ -3075,7 +3075,8 @@ def test_dwdb_flatter_tiles(name):
     8 x 512 (256), 256 x 262144 4 x 1024 (the floor); 37 rows of 8300 on 60
     SMs 32 x 128 (few rows; 65 blocks of 128), on 80 SMs 64 x 64 (65 would
     leave SMs idle). On 37 rows of 9001 in the interpreter (4 x 1024 on 3
-    SMs), against float64."""
+    SMs), against float64. The rows past COLUMNS_DX_ROW_BYTES take these
+    tiles in `_row_norm_columns_bwd_kernel`, which writes dx too."""
     from bench_frozen_norm import record_backward
     want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
     cases = [((2048, 20480), 132, (64, 64)), ((2048, 32768), 132, (32, 128)), ((1024, 65536), 132, (16, 256)),
@@ -3083,9 +3084,10 @@ def test_dwdb_flatter_tiles(name):
              ((37, 8300), 60, (32, 128)), ((37, 8300), 80, (64, 64)), ((37, 9001), fn.INTERPRETER_SMS, (4, 1024))]
     for (M, N), sms, tile in cases:
         dwdb, = [lc for lc in record_backward(name, (M, N), want, num_sms=sms).launches
-                 if lc.name == "_row_norm_dwdb_kernel"]
+                 if lc.name in ("_row_norm_dwdb_kernel", "_row_norm_columns_bwd_kernel")]
+        assert (dwdb.name == "_row_norm_columns_bwd_kernel") == (N * 2 > fn.COLUMNS_DX_ROW_BYTES), dwdb.name
         assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile, ((M, N), sms, dwdb)
-        lanes = N + max(1, dwdb.constexprs["SKEW"]) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
+        lanes = N + max(1, dwdb.constexprs.get("SKEW", 0)) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
         assert dwdb.grid[0] == -(-lanes // tile[1]) and dwdb.num_warps == fn.DW_WARPS
     check_op(OPS[name], (37, 9001), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
