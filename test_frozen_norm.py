@@ -3857,11 +3857,12 @@ def test_huge_hidden_size(name):
 # every kernel: the row tiles (RMSNorm), the piped rows (FusedAdd trained, with
 # ds; RMSNorm trained from Triton 3.8 on), RELOAD (RMSNorm trained at 13312
 # under Triton 3.6, PIPED_ALL_TRITON), the long rows and the dw/db kernel
-# (LayerNorm; FusedAdd frozen), PolyNorm's tiles (1024) and long rows (32768),
+# (LayerNorm; FusedAdd frozen), the rows past COLUMNS_DX_ROW_BYTES (RMSNorm
+# trained at 262144), PolyNorm's tiles (1024) and long rows (32768),
 # GroupNorm's long rows (32 groups), split rows (2) and short rows (2 channels
 # of 256 positions).
 HUGE_CASES = [("rms", (2**31 // 4096 + 1, 4096), None), ("rms", (2**31 // 13312 + 1, 13312), None),
-              ("fadd", (2**31 // 13312 + 1, 13312), None),
+              ("fadd", (2**31 // 13312 + 1, 13312), None), ("rms", (2**31 // 262144 + 1, 262144), None),
               ("ln", (2**31 // 65536 + 1, 65536), None), ("poly", (2**31 // 1024 + 1, 1024), None),
               ("poly", (2**31 // 32768 + 1, 32768), None),
               ("gn", (17, 32, 2048, 2048), 32), ("gn", (17, 32, 2048, 2048), 2),
@@ -3910,7 +3911,7 @@ def _check_huge(op, shape, groups, params):
 
 
 def test_huge_cases_reach_every_kernel():
-    """HUGE_CASES launch all fourteen kernels, trained and frozen (their plans
+    """HUGE_CASES launch all fifteen kernels, trained and frozen (their plans
     recorded for an H200 on meta tensors), so the test below covers each."""
     from bench_frozen_norm import KERNELS, record_backward, record_forward
     seen = set()
@@ -4150,7 +4151,7 @@ def test_every_code_path_compiles(planned_code_paths):
     those paths reach every kernel of the module: a kernel no wrapper launches
     there would go unchecked."""
     kernels = {name for name in dir(fn) if name.startswith("_") and name.endswith("_kernel")}
-    assert len(kernels) == 14, kernels
+    assert len(kernels) == 15, kernels
     assert set().union(*planned_code_paths.values()) == kernels
     for op in OPS:
         assert sum(planned_code_paths[op].values()) > 10, (op, planned_code_paths[op])
