@@ -2809,6 +2809,7 @@ def _row_norm_dwdb_kernel(
     if COMPUTE_DB:
         tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=in_row)
 
+
 @triton.jit
 def _row_norm_columns_bwd_kernel(
     DY, X, W, Mean, Rstd, K, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); K: (M, 2) fp32; DWp, DBp: (S, N) fp32
