@@ -614,7 +614,8 @@ DW_BESIDE_MAX_REGISTERS = 64
 # the long-row kernel's pass 2 reads x and dy from DRAM again, and the dw/db
 # kernel a third time. There the long-row kernel keeps pass 1 alone
 # (CONSTANTS_ONLY) and `_row_norm_columns_bwd_kernel` writes dx in the dw/db
-# kernel's tiles: x and dy read twice, not three times.
+# kernel's tiles: x and dy read twice, not three times. So also while a CUDA
+# graph is captured: such rows never run the dw/db kernel beside.
 COLUMNS_DX_ROW_BYTES = 2**17
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
@@ -2998,7 +2999,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     `_row_norm_columns_bwd_kernel` for dx and dw/db in `_row_norm_dwdb`'s
     tiles.
     While a CUDA graph is captured, with dx asked too, the dw/db kernel runs
-    beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH).
+    beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH), but
+    on odd rows and those past COLUMNS_DX_ROW_BYTES.
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M = rstd.shape[0]
