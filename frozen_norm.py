@@ -615,7 +615,9 @@ DW_BESIDE_MAX_REGISTERS = 64
 # kernel a third time. There the long-row kernel keeps pass 1 alone
 # (CONSTANTS_ONLY) and `_row_norm_columns_bwd_kernel` writes dx in the dw/db
 # kernel's tiles: x and dy read twice, not three times. So also while a CUDA
-# graph is captured: such rows never run the dw/db kernel beside.
+# graph is captured: such rows never run the dw/db kernel beside. Rows of
+# exactly COLUMNS_DX_ROW_BYTES take that path too, but run the dw/db kernel
+# beside under a graph, which measured faster there (NOTES.md, section 8).
 COLUMNS_DX_ROW_BYTES = 2**17
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
@@ -2644,11 +2646,11 @@ def _long_row_norm_bwd_kernel(
     B = 1, dw and db themselves: `_sum_targets`). BLOCK_C, BLOCK_HW: that
     tile (`_group_long_sum_tile`; 1 where neither trains).
     ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
-    CONSTANTS_ONLY (the row norms' rows past COLUMNS_DX_ROW_BYTES, trained;
-    not with SKEW): pass 1 alone, storing the row's k1 and k0 (below) into
-    row `row` of K, (M, 2) fp32, for `_row_norm_columns_bwd_kernel`, which
-    writes dx; False removes that store, True removes pass 2 (DS and DX are
-    not touched).
+    CONSTANTS_ONLY (the row norms' trained rows of COLUMNS_DX_ROW_BYTES and
+    more; not with SKEW): pass 1 alone, storing the row's k1 and k0 (below)
+    into row `row` of K, (M, 2) fp32, for `_row_norm_columns_bwd_kernel`,
+    which writes dx; False removes that store, True removes pass 2 (DS and
+    DX are not touched).
     """
     stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
@@ -2993,14 +2995,14 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     N) fp32 buffer, S about SMs / (N / DW_BLOCK_N), at least 1; with S = 1 (P
     = 1 for the tile kernel) the kernel writes dw and db themselves, with no
     buffer and no reduction launch (`_sum_targets`): on an H200 that is every
-    row longer than 8384. Rows of more than COLUMNS_DX_ROW_BYTES with dx
-    and dw/db asked (not odd rows): the long-row kernel's pass 1 alone
-    (CONSTANTS_ONLY, the rows' k1 and k0 into an (M, 2) fp32 buffer), then
-    `_row_norm_columns_bwd_kernel` for dx and dw/db in `_row_norm_dwdb`'s
-    tiles.
+    row longer than 8384. Rows of COLUMNS_DX_ROW_BYTES or more with dx
+    and dw/db asked (not odd rows, nor those beside, below): the long-row
+    kernel's pass 1 alone (CONSTANTS_ONLY, the rows' k1 and k0 into an (M,
+    2) fp32 buffer), then `_row_norm_columns_bwd_kernel` for dx and dw/db in
+    `_row_norm_dwdb`'s tiles.
     While a CUDA graph is captured, with dx asked too, the dw/db kernel runs
     beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH), but
-    on odd rows and those past COLUMNS_DX_ROW_BYTES.
+    on odd rows and those longer than COLUMNS_DX_ROW_BYTES.
     With no dw/db asked, nothing but dx is allocated and one kernel is launched.
     """
     M = rstd.shape[0]
@@ -3159,10 +3161,13 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # Longer rows: one program per row computes dx, and `_row_norm_dwdb`
         # sums dw/db by columns: after it, or beside it while a CUDA graph is
         # captured (`_dwdb_beside`).
-        # COLUMNS_DX_ROW_BYTES: pass 1 alone in the long-row kernel, dx with dw/db by columns.
-        columns = compute_dx and trains and not skew and N * x.element_size() > COLUMNS_DX_ROW_BYTES
+        # COLUMNS_DX_ROW_BYTES: pass 1 alone in the long-row kernel, dx with dw/db by columns; rows of
+        # exactly that many bytes only where the dw/db kernel would not run beside. Odd rows: neither.
+        row_bytes = N * x.element_size()
+        beside = (compute_dx and trains and not skew and row_bytes <= COLUMNS_DX_ROW_BYTES
+                  and _dwdb_beside(x.device))
+        columns = compute_dx and trains and not skew and not beside and row_bytes >= COLUMNS_DX_ROW_BYTES
         k = torch.empty((M, 2), dtype=torch.float32, device=x.device) if columns else None
-        beside = compute_dx and trains and not (skew or columns) and _dwdb_beside(x.device)   # odd rows': after
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or
             # more whole chunks of LONG_ELEMENTS_PER_THREAD a thread, RMSNorm's pre-summed rows and

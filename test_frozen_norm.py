@@ -438,6 +438,29 @@ def test_columns_dx(name, params, inputs, dtype, monkeypatch):
         assert "_row_norm_columns_bwd_kernel" not in names and ("_long_row_norm_bwd_kernel", True) not in got, got
 
 
+@pytest.mark.parametrize("name", ["rms", "ln"])
+def test_columns_dx_limit(name, monkeypatch):
+    """COLUMNS_DX_ROW_BYTES by the launches (recorded, fp32 rows of 100: 400
+    bytes), trained with dx: rows longer than the limit take the columns
+    path in every call; rows of exactly the limit only where the dw/db
+    kernel would not run beside (here DW_BESIDE_EAGER off), else beside;
+    shorter rows never."""
+    from bench_frozen_norm import record_backward
+    _long_rows_from(64, monkeypatch)
+    want = {"dx": True, "dw": True, "db": True} if name == "ln" else {"dx": True, "dw": True}
+    columns = [("_long_row_norm_bwd_kernel", True), ("_row_norm_columns_bwd_kernel", None)]
+    after = [("_long_row_norm_bwd_kernel", False), ("_row_norm_dwdb_kernel", None)]
+    for limit, beside, expected in [(399, False, columns), (399, True, columns), (400, False, columns),
+                                    (400, True, after), (401, False, after), (401, True, after)]:
+        monkeypatch.setattr(fn, "COLUMNS_DX_ROW_BYTES", limit)
+        monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
+        rec = record_backward(name, (11, 100), want, torch.float32, fn.INTERPRETER_SMS)
+        got = [(lc.name, lc.constexprs.get("CONSTANTS_ONLY")) for lc in rec.launches]
+        assert got == expected, (limit, beside, got)
+        if expected is after:
+            assert rec.launches[-1].constexprs["LAST_FIRST"] is not beside
+
+
 def _spied(monkeypatch, names):
     """The launches of fn's kernels `names`, run as usual and recorded as
     (name, constexprs), in order."""
@@ -3075,7 +3098,7 @@ def test_dwdb_flatter_tiles(name):
     8 x 512 (256), 256 x 262144 4 x 1024 (the floor); 37 rows of 8300 on 60
     SMs 32 x 128 (few rows; 65 blocks of 128), on 80 SMs 64 x 64 (65 would
     leave SMs idle). On 37 rows of 9001 in the interpreter (4 x 1024 on 3
-    SMs), against float64. The rows past COLUMNS_DX_ROW_BYTES take these
+    SMs), against float64. Rows of COLUMNS_DX_ROW_BYTES and more take these
     tiles in `_row_norm_columns_bwd_kernel`, which writes dx too."""
     from bench_frozen_norm import record_backward
     want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
@@ -3085,7 +3108,7 @@ def test_dwdb_flatter_tiles(name):
     for (M, N), sms, tile in cases:
         dwdb, = [lc for lc in record_backward(name, (M, N), want, num_sms=sms).launches
                  if lc.name in ("_row_norm_dwdb_kernel", "_row_norm_columns_bwd_kernel")]
-        assert (dwdb.name == "_row_norm_columns_bwd_kernel") == (N * 2 > fn.COLUMNS_DX_ROW_BYTES), dwdb.name
+        assert (dwdb.name == "_row_norm_columns_bwd_kernel") == (N * 2 >= fn.COLUMNS_DX_ROW_BYTES), dwdb.name
         assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile, ((M, N), sms, dwdb)
         lanes = N + max(1, dwdb.constexprs.get("SKEW", 0)) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
         assert dwdb.grid[0] == -(-lanes // tile[1]) and dwdb.num_warps == fn.DW_WARPS
