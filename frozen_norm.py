@@ -617,7 +617,7 @@ DW_BESIDE_MAX_REGISTERS = 64
 # kernel's tiles: x and dy read twice, not three times. So also while a CUDA
 # graph is captured: such rows never run the dw/db kernel beside. Rows of
 # exactly COLUMNS_DX_ROW_BYTES take that path too, but run the dw/db kernel
-# beside under a graph, which measured faster there (NOTES.md, section 8).
+# beside under a graph, which measured no slower there (NOTES.md, section 8).
 COLUMNS_DX_ROW_BYTES = 2**17
 # Stand-in SM count when no GPU runs the kernels (Triton's interpreter): small,
 # so that tests exercise programs that loop over several tiles.
