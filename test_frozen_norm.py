@@ -421,19 +421,20 @@ def test_columns_dx(name, params, inputs, dtype, monkeypatch):
     `_row_norm_columns_bwd_kernel` for dx with dw/db, against float64, under
     every freeze pattern; the pair exactly where a parameter trains and dx
     is asked, else the usual launches. Gradients along y, so that an error in
-    k1 shows in dx."""
+    k1 shows in dx; on the columns path, bitwise the same on two more runs."""
     _long_rows_from(64, monkeypatch)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 64)   # no row a tile either
     monkeypatch.setattr(fn, "COLUMNS_DX_ROW_BYTES", 256)
     launches = _spied(monkeypatch, ["_long_row_norm_bwd_kernel", "_row_norm_columns_bwd_kernel",
                                     "_row_norm_dwdb_kernel"])
-    check_op(OPS[name], (13, 200), dtype, params, inputs, along_y=True)
+    d = check_op(OPS[name], (13, 200), dtype, params, inputs, along_y=True)
     names = [name for name, _ in launches]
     columns = TRAIN in params.values() and (inputs["x"] or inputs.get("residual", False))
     pair = [("_long_row_norm_bwd_kernel", True), ("_row_norm_columns_bwd_kernel", None)]
     got = [(name, constexprs.get("CONSTANTS_ONLY")) for name, constexprs in launches]
     if columns:
         assert got == pair, names
+        _assert_same_bits_twice(OPS[name], d)
     else:
         assert "_row_norm_columns_bwd_kernel" not in names and ("_long_row_norm_bwd_kernel", True) not in got, got
 
