@@ -368,7 +368,7 @@ KERNELS = ["_row_norm_fwd_kernel", "_row_norm_bwd_kernel", "_long_row_norm_fwd_k
            "_group_norm_fwd_kernel", "_group_norm_bwd_kernel", "_group_rows_fwd_kernel", "_group_rows_bwd_kernel",
            "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel",
            "_poly_norm_bwd_kernel", "_long_poly_norm_bwd_kernel", "_row_norm_dwdb_kernel",
-           "_row_norm_columns_bwd_kernel", "_sum_partials_kernel"]
+           "_sum_partials_kernel"]
 
 
 @dataclass

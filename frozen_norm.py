@@ -613,8 +613,8 @@ DW_BESIDE_MAX_REGISTERS = 64
 # odd rows): the rows' programs in flight hold more than L2 gives back, so
 # the long-row kernel's pass 2 reads x and dy from DRAM again, and the dw/db
 # kernel a third time. There the long-row kernel keeps pass 1 alone
-# (CONSTANTS_ONLY) and `_row_norm_columns_bwd_kernel` writes dx in the dw/db
-# kernel's tiles: x and dy read twice, not three times. So also while a CUDA
+# (CONSTANTS_ONLY) and the dw/db kernel writes dx in its own tiles
+# (COMPUTE_DX): x and dy read twice, not three times. So also while a CUDA
 # graph is captured: such rows never run the dw/db kernel beside. Rows of
 # exactly COLUMNS_DX_ROW_BYTES take that path too, but run the dw/db kernel
 # beside under a graph, which measured no slower there (NOTES.md, section 8).
@@ -1759,9 +1759,9 @@ def _launch_sum_partials(pairs, band_rows: int, bands: int) -> None:
 # captured it runs beside the dx kernel, on part of the SMs and a second
 # stream, so that it finds much of x and dy in L2 (DW_BESIDE_GRAPH). Rows so
 # long that the dx kernel's second pass no longer finds them in L2 either
-# (COLUMNS_DX_ROW_BYTES) keep its first pass alone, and
-# `_row_norm_columns_bwd_kernel` writes dx in the dw/db kernel's tiles: x and
-# dy read twice, not three times.
+# (COLUMNS_DX_ROW_BYTES) keep its first pass alone, and the dw/db kernel
+# writes dx in its tiles as it sums (COMPUTE_DX): x and dy read twice, not
+# three times.
 #
 # A persistent program walks its tiles one after another, and each tile ends in
 # row reductions that leave memory idle. `tl.range(..., num_stages=STAGES)`
@@ -2648,9 +2648,9 @@ def _long_row_norm_bwd_kernel(
     ALIGN: `_aligned`'s hint, a power of two dividing the row strides; 1 removes it.
     CONSTANTS_ONLY (the row norms' trained rows of COLUMNS_DX_ROW_BYTES and
     more; not with SKEW): pass 1 alone, storing the row's k1 and k0 (below)
-    into row `row` of K, (M, 2) fp32, for `_row_norm_columns_bwd_kernel`,
-    which writes dx; False removes that store, True removes pass 2 (DS and
-    DX are not touched).
+    into row `row` of K, (M, 2) fp32, for `_row_norm_dwdb_kernel`'s
+    COMPUTE_DX, which writes dx; False removes that store, True removes
+    pass 2 (DS and DX are not touched).
     """
     stride_dy, stride_x = _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
     stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
@@ -2721,52 +2721,73 @@ def _long_row_norm_bwd_kernel(
             cols = (last - k) + lanes
             x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
             mask, _, body = _skewed_lanes(cols, skew, n, N, SKEW)
-            _long_row_dx(x, g, DS, DX, cols, mask, body, rstd, k1, k0, HAS_DS)
+            _long_row_dx(x, g, DS, DX, cols, cols, mask, body, rstd, k1, k0, HAS_DS, "evict_first")
         if SKEW:   # the lanes in no whole vector, one by one
             cols, mask = _skew_edges(skew, N, SKEW)
             x, g = _load_x_g(X, DY, W, cols, N, OFFSET, HAS_W, "evict_first", HW, skew, n, SKEW)
-            _long_row_dx(x, g, DS, DX, cols, mask, mask, rstd, k1, k0, HAS_DS)
+            _long_row_dx(x, g, DS, DX, cols, cols, mask, mask, rstd, k1, k0, HAS_DS, "evict_first")
 
 
 @triton.jit
-def _long_row_dx(x, g, DS, DX, cols, mask, store_mask, rstd, k1, k0, HAS_DS: tl.constexpr):
-    """Pass 2 of the long-row backward on lanes `cols`: dx = rstd * g + k1 *
-    x + k0 (+ ds, loaded where mask), stored where store_mask."""
+def _long_row_dx(x, g, DS, DX, ds_offs, dx_offs, mask, store_mask, rstd, k1, k0, HAS_DS: tl.constexpr,
+                 DS_EVICT: tl.constexpr):
+    """dx = rstd * g + k1 * x + k0 (+ ds, loaded where mask with the eviction
+    policy DS_EVICT) from the row constants of `_dx_constants`, stored where
+    store_mask: pass 2 of the long-row backward (a chunk of lanes of one
+    row), and the dw/db kernel's COMPUTE_DX (a tile of rows, rstd, k1 and k0
+    broadcast by row)."""
     dx = g * rstd + (x * k1 + k0)
     if HAS_DS:
-        dx += tl.load(DS + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    tl.store(DX + cols, dx.to(DX.dtype.element_ty), mask=store_mask)
+        dx += tl.load(DS + ds_offs, mask=mask, other=0.0, eviction_policy=DS_EVICT).to(tl.float32)
+    tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
 def _row_norm_dwdb_kernel(
-    DY, X, Mean, Rstd, DWp, DBp,     # DY, X: (M, N); Mean, Rstd: (M,) fp32; DWp, DBp: (S, N) fp32
-    M, N, stride_dy, stride_x, rows_per_split,
-    CENTER: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
+    DY, X, W, Mean, Rstd, K, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); K: (M, 2) fp32; DWp, DBp: (S, N) fp32
+    M, N, stride_dy, stride_x, stride_ds, stride_dx, rows_per_split,
+    OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
+    COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, LAST_FIRST: tl.constexpr,
     ALIGN: tl.constexpr, SKEW: tl.constexpr,
 ):
-    """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows, for long rows.
+    """Partial dw = sum of dy * xhat and db = sum of dy over a slice of rows,
+    for long rows; with COMPUTE_DX, rows too long for L2
+    (COLUMNS_DX_ROW_BYTES), dx of the same tiles on the way.
 
     The delta on `_row_norm_bwd_kernel`'s accumulators: the loops are swapped.
     Each program owns BLOCK_N columns and walks BLOCK_M rows at a time, so its
     accumulator is a register tile of any row length. The price is a second
     read of x and dy (no c1/c2 is needed here, so nothing else is recomputed).
+    With COMPUTE_DX that read is also dx's: dx = rstd * g + k1 * x + k0 (g =
+    dy * (o + w), `_long_row_dx`), from the row constants k1, k0 that
+    `_long_row_norm_bwd_kernel` (CONSTANTS_ONLY) stored in K. So x and dy
+    are read twice in all, once for the row sums and once here, where the
+    long-row kernel's pass 2 would read them again (from DRAM, on such
+    rows) and this kernel a third time.
 
     Grid: (cdiv(N, BLOCK_N), S); program (j, s) sums rows [s * rows_per_split,
     (s + 1) * rows_per_split) of column block j into row s of DWp and DBp,
     BLOCK_M rows at a time, from the last block to the first (LAST_FIRST:
-    launched after the dx kernel, which ended on the last rows, whose x and dy
-    may still be in L2) or from the first to the last (launched beside it,
-    `_run_beside`: both read the same rows at about the same time).
+    launched after the dx kernel, or the row sums' with COMPUTE_DX, which
+    ended on the last rows, whose x and dy may still be in L2) or from the
+    first to the last (launched beside it, `_run_beside`: both read the same
+    rows at about the same time).
     Pointers: DY, X (M, N) with unit column stride; Mean, Rstd (M,) fp32;
     DWp, DBp contiguous (S, N) fp32, or with S = 1 dw and db themselves
-    (`_sum_targets`), written in their dtype. Any float dtypes for DY and X.
-    Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store;
-    CENTER False removes the mean (RMSNorm). STAGES is the software pipeline's
-    depth over the row blocks. LAST_FIRST: the order of the rows (above).
+    (`_sum_targets`), written in their dtype. COMPUTE_DX's alone: W (N,),
+    K (M, 2) fp32 contiguous, DS and DX (M, N) with unit column stride and
+    row strides stride_ds, stride_dx. Any float dtypes for DY, X, W and DS;
+    dx is written in DX's.
+    Flags: COMPUTE_DW / COMPUTE_DB False removes that accumulator and its
+    store; COMPUTE_DX False removes w, K, DS, DX and dx's arithmetic (x is
+    then loaded only for dw); CENTER False removes the mean (RMSNorm);
+    OFFSET, HAS_W, HAS_DS as in `_row_norm_bwd_kernel` (COMPUTE_DX's only).
+    STAGES is the software pipeline's depth over the row blocks. LAST_FIRST:
+    the order of the rows (above).
     ALIGN: `_aligned`'s hint, a power of two dividing N and the row strides; 1 removes it.
-    SKEW (0, or the elements of a 16-byte vector, `_row_skew`: odd rows):
+    SKEW (0, or the elements of a 16-byte vector, `_row_skew`: odd rows; not
+    with COMPUTE_DX):
     the grid is (cdiv(N + SKEW - 1, BLOCK_N), S * SKEW), program (j, s)
     summing the rows r of slice s // SKEW with r % SKEW = s % SKEW (rows
     SKEW apart lie alike against a vector; rows_per_split a multiple of
@@ -2777,6 +2798,7 @@ def _row_norm_dwdb_kernel(
     their own, which no store writes, so no select is needed. 0 removes it.
     """
     N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
+    stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     first, step, skew, load, lanes = 0, 1, 0, None, cols   # SKEW's (unused without it)
@@ -2788,6 +2810,9 @@ def _row_norm_dwdb_kernel(
     row_start = split // step * rows_per_split
     row_end = tl.minimum(M, row_start + rows_per_split)
     blocks = tl.cdiv(tl.cdiv(row_end - row_start - first, step), BLOCK_M)
+    scale = 1.0
+    if COMPUTE_DX and HAS_W:
+        scale = _load_scale(W, cols, N, OFFSET)[None, :]
     dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for i in tl.range(0, blocks, num_stages=STAGES):
@@ -2795,86 +2820,26 @@ def _row_norm_dwdb_kernel(
         if LAST_FIRST:
             block = blocks - 1 - i
         rows = row_start + first + (block * BLOCK_M + tl.arange(0, BLOCK_M)) * step
-        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)   # dw's alone: dead code without it
+        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)   # dw's and dx's alone
+        if COMPUTE_DX:   # the rows' dx constants
+            k1 = tl.load(K + rows * 2, mask=rows < row_end, other=0.0)[:, None]
+            k0 = tl.load(K + rows * 2 + 1, mask=rows < row_end, other=0.0)[:, None]
         dy_offs, mask = _skewed_tile(rows, cols, row_end, N, stride_dy, load, SKEW)
         dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-        if COMPUTE_DW:
+        if COMPUTE_DW or COMPUTE_DX:
             x_offs, _ = _skewed_tile(rows, cols, row_end, N, stride_x, load, SKEW)
             x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
+        if COMPUTE_DX:
+            ds_offs, _ = _tile(rows, cols, row_end, N, stride_ds)
+            dx_offs, _ = _tile(rows, cols, row_end, N, stride_dx)
+            _long_row_dx(x, dy * scale, DS, DX, ds_offs, dx_offs, mask, mask, rstd[:, None], k1, k0, HAS_DS, "")
+        if COMPUTE_DW:
             dw_acc += dy * tl.where(mask, _xhat(x, mean[:, None], rstd[:, None], CENTER), 0.0)
         if COMPUTE_DB:
             db_acc += dy
     out, in_row = split.to(tl.int64) * N + lanes, lanes < N
     if SKEW:
         in_row = in_row & (lanes >= 0)
-    if COMPUTE_DW:
-        tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=in_row)
-    if COMPUTE_DB:
-        tl.store(DBp + out, tl.sum(db_acc, axis=0).to(DBp.dtype.element_ty), mask=in_row)
-
-
-@triton.jit
-def _row_norm_columns_bwd_kernel(
-    DY, X, W, Mean, Rstd, K, DS, DX, DWp, DBp,   # DY, X, DS, DX: (M, N); K: (M, 2) fp32; DWp, DBp: (S, N) fp32
-    M, N, stride_dy, stride_x, stride_ds, stride_dx, rows_per_split,
-    OFFSET: tl.constexpr, CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr,
-    COMPUTE_DW: tl.constexpr, COMPUTE_DB: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, ALIGN: tl.constexpr,
-):
-    """dx and partial dw = sum of dy * xhat, db = sum of dy, of rows too long
-    for L2 (COLUMNS_DX_ROW_BYTES), by column blocks.
-
-    The delta on `_row_norm_dwdb_kernel`: the same grid, tiles and partial
-    sums, and each tile's dx written on the way, dx = rstd * g + k1 * x + k0
-    (g = dy * (o + w)), from the row constants k1, k0 that
-    `_long_row_norm_bwd_kernel` (CONSTANTS_ONLY) stored in K. So x and dy
-    are read twice in all, once for the row sums and once here, where the
-    long-row kernel's pass 2 would read them again (from DRAM, on such
-    rows) and the dw/db kernel a third time.
-
-    Grid: (cdiv(N, BLOCK_N), S), as `_row_norm_dwdb_kernel` without SKEW;
-    the rows from the last block to the first (the row sums' kernel ended
-    on the last rows).
-    Pointers: DY, X, DS, DX (M, N) with unit column stride (DX's row stride
-    stride_dx); W (N,); Mean, Rstd (M,) fp32; K (M, 2) fp32, contiguous;
-    DWp, DBp as in `_row_norm_dwdb_kernel`. Any float dtypes for DY, X, DS
-    and W; dx is written in DX's.
-    Flags: CENTER, HAS_W, HAS_DS, OFFSET as in `_row_norm_bwd_kernel`;
-    COMPUTE_DW / COMPUTE_DB False removes that accumulator and its store.
-    STAGES, ALIGN as in `_row_norm_dwdb_kernel`.
-    """
-    N, stride_dy, stride_x = _aligned(N, ALIGN), _aligned(stride_dy, ALIGN), _aligned(stride_x, ALIGN)
-    stride_ds, stride_dx = _aligned(stride_ds, ALIGN), _aligned(stride_dx, ALIGN)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(1)
-    row_start = split * rows_per_split
-    row_end = tl.minimum(M, row_start + rows_per_split)
-    blocks = tl.cdiv(row_end - row_start, BLOCK_M)
-    scale = 1.0
-    if HAS_W:
-        scale = _load_scale(W, cols, N, OFFSET)[None, :]
-    dw_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    db_acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for i in tl.range(0, blocks, num_stages=STAGES):
-        rows = row_start + (blocks - 1 - i) * BLOCK_M + tl.arange(0, BLOCK_M)
-        mean, rstd = _load_row_stats(Mean, Rstd, rows, row_end, CENTER, True)
-        k1 = tl.load(K + rows * 2, mask=rows < row_end, other=0.0)[:, None]
-        k0 = tl.load(K + rows * 2 + 1, mask=rows < row_end, other=0.0)[:, None]
-        dy_offs, mask = _tile(rows, cols, row_end, N, stride_dy)
-        x_offs, _ = _tile(rows, cols, row_end, N, stride_x)
-        dy = tl.load(DY + dy_offs, mask=mask, other=0.0).to(tl.float32)
-        x = tl.load(X + x_offs, mask=mask, other=0.0).to(tl.float32)
-        dx = (dy * scale) * rstd[:, None] + (x * k1 + k0)
-        if HAS_DS:
-            ds_offs, _ = _tile(rows, cols, row_end, N, stride_ds)
-            dx += tl.load(DS + ds_offs, mask=mask, other=0.0).to(tl.float32)
-        dx_offs, _ = _tile(rows, cols, row_end, N, stride_dx)
-        tl.store(DX + dx_offs, dx.to(DX.dtype.element_ty), mask=mask)
-        if COMPUTE_DW:
-            dw_acc += dy * tl.where(mask, _xhat(x, mean[:, None], rstd[:, None], CENTER), 0.0)
-        if COMPUTE_DB:
-            db_acc += dy
-    out, in_row = split.to(tl.int64) * N + cols, cols < N
     if COMPUTE_DW:
         tl.store(DWp + out, tl.sum(dw_acc, axis=0).to(DWp.dtype.element_ty), mask=in_row)
     if COMPUTE_DB:
@@ -2998,8 +2963,8 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     row longer than 8384. Rows of COLUMNS_DX_ROW_BYTES or more with dx
     and dw/db asked (not odd rows, nor those beside, below): the long-row
     kernel's pass 1 alone (CONSTANTS_ONLY, the rows' k1 and k0 into an (M,
-    2) fp32 buffer), then `_row_norm_columns_bwd_kernel` for dx and dw/db in
-    `_row_norm_dwdb`'s tiles.
+    2) fp32 buffer), then `_row_norm_dwdb_kernel` for dw/db and, in the
+    same tiles, dx (COMPUTE_DX).
     While a CUDA graph is captured, with dx asked too, the dw/db kernel runs
     beside the dx kernel in one slice (`_run_beside`, DW_BESIDE_GRAPH), but
     on odd rows and those longer than COLUMNS_DX_ROW_BYTES.
@@ -3209,9 +3174,9 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0,
     """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
     partials, or dw and db themselves, filled, when S = 1. With `dx_from`
-    (the arguments of `_row_norm_columns_bwd_kernel` that this kernel does
-    not take; not with `skew` or `beside_share`), that kernel instead, in
-    the same tiles: dx too.
+    (the kernel's arguments W, K, DS, DX, stride_ds, stride_dx and OFFSET;
+    not with `skew` or `beside_share`), its COMPUTE_DX: dx too, in the same
+    tiles.
 
     After the dx kernel: tiles of DW_BLOCK_M x DW_BLOCK_N, flatter where the
     column blocks would not fit one wave (DW_WAVE_PROGRAMS_PER_SM) or a
@@ -3246,25 +3211,17 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0,
     rows_per_split = _cdiv(_cdiv(M, splits), block_m * classes) * block_m * classes
     splits = _cdiv(M, rows_per_split) * classes
     dw_partial, db_partial = _sum_targets(splits, dw, db)
-    if dx_from is not None:
-        tile_bytes = block_m * block_n * _element_bytes(dy, x, dx_from["DS"])
-        _row_norm_columns_bwd_kernel[(col_blocks, splits)](
-            dy, x, dx_from["W"], mean, rstd, dx_from["K"], dx_from["DS"], dx_from["DX"], dw_partial, db_partial,
-            M, N, stride_dy, stride_x, dx_from["stride_ds"], dx_from["stride_dx"], rows_per_split,
-            OFFSET=dx_from["OFFSET"], CENTER=mean is not None, HAS_W=dx_from["W"] is not None,
-            HAS_DS=dx_from["DS"] is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
-            BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
-            ALIGN=_align(N, stride_dy, stride_x, dx_from["stride_ds"], dx_from["stride_dx"]), num_warps=warps,
-            enable_fp_fusion=FP_FUSION)
-        return dw_partial, db_partial
-    tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw else None)
+    d = dx_from or dict(W=None, K=None, DS=None, DX=None, stride_ds=0, stride_dx=0, OFFSET=0.0)
+    compute_dx = dx_from is not None
+    tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw or compute_dx else None, d["DS"])
     _row_norm_dwdb_kernel[(col_blocks, splits)](
-        dy, x, mean, rstd, dw_partial, db_partial,
-        M, N, stride_dy, stride_x, rows_per_split,
-        CENTER=mean is not None, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
+        dy, x, d["W"], mean, rstd, d["K"], d["DS"], d["DX"], dw_partial, db_partial,
+        M, N, stride_dy, stride_x, d["stride_ds"], d["stride_dx"], rows_per_split,
+        OFFSET=d["OFFSET"], CENTER=mean is not None, HAS_W=d["W"] is not None, HAS_DS=d["DS"] is not None,
+        COMPUTE_DX=compute_dx, COMPUTE_DW=compute_dw, COMPUTE_DB=compute_db, BLOCK_M=block_m,
         BLOCK_N=block_n, STAGES=_pipeline_stages(tile_bytes, per_sm, x.device),
-        LAST_FIRST=not beside, ALIGN=_align(N, stride_dy, stride_x), SKEW=skew, num_warps=warps,
-        maxnreg=max_registers, enable_fp_fusion=FP_FUSION)
+        LAST_FIRST=not beside, ALIGN=_align(N, stride_dy, stride_x, d["stride_ds"], d["stride_dx"]), SKEW=skew,
+        num_warps=warps, maxnreg=max_registers, enable_fp_fusion=FP_FUSION)
     return dw_partial, db_partial
 
 

@@ -413,30 +413,36 @@ def _columns_cases():
         yield pytest.param(name, trained, _with_grads(name), torch.float32, id=f"{name}-fp32-trained")
 
 
+# The columns path's launches, as `_columns_flags` gives them.
+COLUMNS_PAIR = [("_long_row_norm_bwd_kernel", True, None), ("_row_norm_dwdb_kernel", None, True)]
+
+
+def _columns_flags(name, constexprs):
+    """(name, CONSTANTS_ONLY, COMPUTE_DX) of a launch (None: not its flag)."""
+    return name, constexprs.get("CONSTANTS_ONLY"), constexprs.get("COMPUTE_DX")
+
+
 @pytest.mark.parametrize("name, params, inputs, dtype", list(_columns_cases()))
 def test_columns_dx(name, params, inputs, dtype, monkeypatch):
     """Trained rows past COLUMNS_DX_ROW_BYTES (here 256 bytes: 13 rows of
     200, in chunks of 32 past a ROW_BLOCK_MAX of 64), dx asked: the long-row
-    kernel's pass 1 alone (CONSTANTS_ONLY, k1 and k0 stored) and
-    `_row_norm_columns_bwd_kernel` for dx with dw/db, against float64, under
+    kernel's pass 1 alone (CONSTANTS_ONLY, k1 and k0 stored) and the dw/db
+    kernel with COMPUTE_DX for dx with dw/db, against float64, under
     every freeze pattern; the pair exactly where a parameter trains and dx
     is asked, else the usual launches. Gradients along y, so that an error in
     k1 shows in dx; on the columns path, bitwise the same on two more runs."""
     _long_rows_from(64, monkeypatch)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 64)   # no row a tile either
     monkeypatch.setattr(fn, "COLUMNS_DX_ROW_BYTES", 256)
-    launches = _spied(monkeypatch, ["_long_row_norm_bwd_kernel", "_row_norm_columns_bwd_kernel",
-                                    "_row_norm_dwdb_kernel"])
+    launches = _spied(monkeypatch, ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"])
     d = check_op(OPS[name], (13, 200), dtype, params, inputs, along_y=True)
-    names = [name for name, _ in launches]
     columns = TRAIN in params.values() and (inputs["x"] or inputs.get("residual", False))
-    pair = [("_long_row_norm_bwd_kernel", True), ("_row_norm_columns_bwd_kernel", None)]
-    got = [(name, constexprs.get("CONSTANTS_ONLY")) for name, constexprs in launches]
+    got = [_columns_flags(name, constexprs) for name, constexprs in launches]
     if columns:
-        assert got == pair, names
+        assert got == COLUMNS_PAIR, got
         _assert_same_bits_twice(OPS[name], d)
     else:
-        assert "_row_norm_columns_bwd_kernel" not in names and ("_long_row_norm_bwd_kernel", True) not in got, got
+        assert not set(COLUMNS_PAIR) & set(got), got
 
 
 @pytest.mark.parametrize("name", ["rms", "ln"])
@@ -449,14 +455,14 @@ def test_columns_dx_limit(name, monkeypatch):
     from bench_frozen_norm import record_backward
     _long_rows_from(64, monkeypatch)
     want = {"dx": True, "dw": True, "db": True} if name == "ln" else {"dx": True, "dw": True}
-    columns = [("_long_row_norm_bwd_kernel", True), ("_row_norm_columns_bwd_kernel", None)]
-    after = [("_long_row_norm_bwd_kernel", False), ("_row_norm_dwdb_kernel", None)]
+    columns = COLUMNS_PAIR
+    after = [("_long_row_norm_bwd_kernel", False, None), ("_row_norm_dwdb_kernel", None, False)]
     for limit, beside, expected in [(399, False, columns), (399, True, columns), (400, False, columns),
                                     (400, True, after), (401, False, after), (401, True, after)]:
         monkeypatch.setattr(fn, "COLUMNS_DX_ROW_BYTES", limit)
         monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
         rec = record_backward(name, (11, 100), want, torch.float32, fn.INTERPRETER_SMS)
-        got = [(lc.name, lc.constexprs.get("CONSTANTS_ONLY")) for lc in rec.launches]
+        got = [_columns_flags(lc.name, lc.constexprs) for lc in rec.launches]
         assert got == expected, (limit, beside, got)
         if expected is after:
             assert rec.launches[-1].constexprs["LAST_FIRST"] is not beside
@@ -3100,7 +3106,7 @@ def test_dwdb_flatter_tiles(name):
     SMs 32 x 128 (few rows; 65 blocks of 128), on 80 SMs 64 x 64 (65 would
     leave SMs idle). On 37 rows of 9001 in the interpreter (4 x 1024 on 3
     SMs), against float64. Rows of COLUMNS_DX_ROW_BYTES and more take these
-    tiles in `_row_norm_columns_bwd_kernel`, which writes dx too."""
+    tiles too, with COMPUTE_DX (dx written in them)."""
     from bench_frozen_norm import record_backward
     want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
     cases = [((2048, 20480), 132, (64, 64)), ((2048, 32768), 132, (32, 128)), ((1024, 65536), 132, (16, 256)),
@@ -3108,8 +3114,8 @@ def test_dwdb_flatter_tiles(name):
              ((37, 8300), 60, (32, 128)), ((37, 8300), 80, (64, 64)), ((37, 9001), fn.INTERPRETER_SMS, (4, 1024))]
     for (M, N), sms, tile in cases:
         dwdb, = [lc for lc in record_backward(name, (M, N), want, num_sms=sms).launches
-                 if lc.name in ("_row_norm_dwdb_kernel", "_row_norm_columns_bwd_kernel")]
-        assert (dwdb.name == "_row_norm_columns_bwd_kernel") == (N * 2 >= fn.COLUMNS_DX_ROW_BYTES), dwdb.name
+                 if lc.name == "_row_norm_dwdb_kernel"]
+        assert dwdb.constexprs["COMPUTE_DX"] == (N * 2 >= fn.COLUMNS_DX_ROW_BYTES), ((M, N), dwdb.constexprs)
         assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile, ((M, N), sms, dwdb)
         lanes = N + max(1, dwdb.constexprs.get("SKEW", 0)) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
         assert dwdb.grid[0] == -(-lanes // tile[1]) and dwdb.num_warps == fn.DW_WARPS
