@@ -3211,8 +3211,9 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0,
     rows_per_split = _cdiv(_cdiv(M, splits), block_m * classes) * block_m * classes
     splits = _cdiv(M, rows_per_split) * classes
     dw_partial, db_partial = _sum_targets(splits, dw, db)
-    d = dx_from or dict(W=None, K=None, DS=None, DX=None, stride_ds=0, stride_dx=0, OFFSET=0.0)
     compute_dx = dx_from is not None
+    # COMPUTE_DX's arguments; without it, placeholders the kernel never reads.
+    d = dx_from or dict(W=None, K=None, DS=None, DX=None, stride_ds=0, stride_dx=0, OFFSET=0.0)
     tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw or compute_dx else None, d["DS"])
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, d["W"], mean, rstd, d["K"], d["DS"], d["DX"], dw_partial, db_partial,
