@@ -367,8 +367,7 @@ def lora_case(dtype, rep, M=8192, H=4096, rank=16, device="cuda", compile_block=
 KERNELS = ["_row_norm_fwd_kernel", "_row_norm_bwd_kernel", "_long_row_norm_fwd_kernel", "_long_row_norm_bwd_kernel",
            "_group_norm_fwd_kernel", "_group_norm_bwd_kernel", "_group_rows_fwd_kernel", "_group_rows_bwd_kernel",
            "_poly_norm_fwd_kernel", "_long_poly_norm_fwd_kernel",
-           "_poly_norm_bwd_kernel", "_long_poly_norm_bwd_kernel", "_row_norm_dwdb_kernel",
-           "_sum_partials_kernel"]
+           "_poly_norm_bwd_kernel", "_long_poly_norm_bwd_kernel", "_row_norm_dwdb_kernel", "_sum_partials_kernel"]
 
 
 @dataclass

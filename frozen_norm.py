@@ -2579,7 +2579,7 @@ def _group_channel_sums(X, DY, W, DWp, DBp, c_first, out, n_c, HW, mean, rstd,
 
 @triton.jit
 def _long_row_norm_bwd_kernel(
-    DY, X, W, Mean, Rstd, DS, DX, DWp, DBp, K,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,) fp32
+    DY, X, W, Mean, Rstd, DS, DX, DWp, DBp, K,   # DY, X, DS, DX: (M, N); W: (N,); Mean, Rstd: (M,); K: (M, 2) fp32
     stride_dy, stride_x, stride_ds, stride_dx, stride_stats, G,
     N: tl.constexpr, OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -3129,9 +3129,9 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
         # COLUMNS_DX_ROW_BYTES: pass 1 alone in the long-row kernel, dx with dw/db by columns; rows of
         # exactly that many bytes only where the dw/db kernel would not run beside. Odd rows: neither.
         row_bytes = N * x.element_size()
-        beside = (compute_dx and trains and not skew and row_bytes <= COLUMNS_DX_ROW_BYTES
-                  and _dwdb_beside(x.device))
-        columns = compute_dx and trains and not skew and not beside and row_bytes >= COLUMNS_DX_ROW_BYTES
+        dx_and_sums = compute_dx and trains and not skew   # what both ways need
+        beside = dx_and_sums and row_bytes <= COLUMNS_DX_ROW_BYTES and _dwdb_beside(x.device)
+        columns = dx_and_sums and not beside and row_bytes >= COLUMNS_DX_ROW_BYTES
         k = torch.empty((M, 2), dtype=torch.float32, device=x.device) if columns else None
         if compute_dx:
             # LONG_BWD_SPILL_MAX_REGISTERS (see LONG_BWD_MAX_REGISTERS) for LONG_BWD_SPILL_CHUNKS or

@@ -3117,7 +3117,7 @@ def test_dwdb_flatter_tiles(name):
                  if lc.name == "_row_norm_dwdb_kernel"]
         assert dwdb.constexprs["COMPUTE_DX"] == (N * 2 >= fn.COLUMNS_DX_ROW_BYTES), ((M, N), dwdb.constexprs)
         assert (dwdb.constexprs["BLOCK_M"], dwdb.constexprs["BLOCK_N"]) == tile, ((M, N), sms, dwdb)
-        lanes = N + max(1, dwdb.constexprs.get("SKEW", 0)) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
+        lanes = N + max(1, dwdb.constexprs["SKEW"]) - 1   # odd rows (9001): the SKEW - 1 lanes before a row too
         assert dwdb.grid[0] == -(-lanes // tile[1]) and dwdb.num_warps == fn.DW_WARPS
     check_op(OPS[name], (37, 9001), torch.float32, ALL_TRAIN[name], _with_grads(name))
 
