@@ -1,6 +1,6 @@
 """Tests for frozen_norm: every op x dtype x shape x freeze pattern against float64.
 
-Run: python -m pytest -q -n auto test_frozen_norm.py (pytest-xdist: a worker a core)
+Run: python -m pytest -q -n auto --dist worksteal test_frozen_norm.py (pytest-xdist: a worker a core)
 Without a CUDA device the kernels run on the CPU through Triton's interpreter
 (TRITON_INTERPRET=1 is set below, before frozen_norm imports triton's jit).
 Tests marked `gpu` need a CUDA device and are skipped, with that reason, without one.
