@@ -3170,6 +3170,11 @@ def _row_norm_backward(dy, x, weight, bias, mean, rstd, ds, offset, compute_dx, 
     return dx, dw, db
 
 
+# `_row_norm_dwdb_kernel`'s COMPUTE_DX arguments where it is off: placeholders
+# the kernel never reads (read-only; shared by every call).
+_NO_DX_ARGS = dict(W=None, K=None, DS=None, DX=None, stride_ds=0, stride_dx=0, OFFSET=0.0)
+
+
 def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0, beside_share=None, dx_from=None):
     """dw/db sums of M long rows by `_row_norm_dwdb_kernel`, for dw and db
     where not None. Returns their targets (`_sum_targets`): (S, N) fp32
@@ -3212,8 +3217,7 @@ def _row_norm_dwdb(dy, x, mean, rstd, M, N, stride_dy, stride_x, dw, db, skew=0,
     splits = _cdiv(M, rows_per_split) * classes
     dw_partial, db_partial = _sum_targets(splits, dw, db)
     compute_dx = dx_from is not None
-    # COMPUTE_DX's arguments; without it, placeholders the kernel never reads.
-    d = dx_from or dict(W=None, K=None, DS=None, DX=None, stride_ds=0, stride_dx=0, OFFSET=0.0)
+    d = dx_from or _NO_DX_ARGS
     tile_bytes = block_m * block_n * _element_bytes(dy, x if compute_dw or compute_dx else None, d["DS"])
     _row_norm_dwdb_kernel[(col_blocks, splits)](
         dy, x, d["W"], mean, rstd, d["K"], d["DS"], d["DX"], dw_partial, db_partial,
