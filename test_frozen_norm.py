@@ -1267,12 +1267,14 @@ def test_narrow_forward_plan(dtype):
                 assert launch.name == "_long_row_norm_fwd_kernel", (name, N)
                 continue
             c = launch.constexprs
+            # Rows of N = ROW_BLOCK_MAX fill their tile: FULL_TILE_ELEMENTS_PER_THREAD a thread.
+            per_thread = fn.FULL_TILE_ELEMENTS_PER_THREAD if N == fn.ROW_BLOCK_MAX else fn.ELEMENTS_PER_THREAD
             got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"])
-            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, fn._pow2(N) // 1024, N if want else 0,
-                           want), (name, N)
+            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, fn._pow2(N) // (32 * per_thread),
+                           N if want else 0, want), (name, N)
             fused = record_forward("fadd", (8192, N), dtype).launches[0]
-            assert (fused.name, fused.constexprs["N_CONST"], fused.constexprs["VEC"]) == (
-                "_row_norm_fwd_kernel", 0, 0), N
+            assert (fused.name, fused.num_warps, fused.constexprs["N_CONST"], fused.constexprs["VEC"]) == (
+                "_row_norm_fwd_kernel", fn._pow2(N) // (32 * per_thread), 0, 0), N
 
 
 # Padded 16-bit rows of PADDED_ROW_MIN and less whose tiles take N_CONST and
@@ -3901,6 +3903,18 @@ def test_huge_hidden_size(name):
     """262,144 elements per row: far past one block, still exact."""
     check_op(OPS[name], (5, 262144), torch.bfloat16, ALL_TRAIN[name], _with_grads(name))
     check_op(OPS[name], (5, 262144), torch.bfloat16, ALL_FROZEN[name], _with_grads(name))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+@pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
+def test_full_tile_forward(name, dtype):
+    """Rows of ROW_BLOCK_MAX fill the forward's tile and take
+    FULL_TILE_ELEMENTS_PER_THREAD a thread (16 warps; the plan is
+    test_narrow_forward_plan's): exact where warps are real (the
+    interpreter runs a program as one thread), trained and frozen."""
+    for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
+        check_op(OPS[name], (300, fn.ROW_BLOCK_MAX), dtype, params, _with_grads(name))
 
 
 # Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
