@@ -1487,23 +1487,31 @@ def test_aligned_rows(name, N, extra, align):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
-@pytest.mark.parametrize("N, extra, dtype, skew", [
-    (8195, 0, torch.bfloat16, 8),    # the long-row forward (RMSNorm, LayerNorm) and backward
-    (4097, 0, torch.float32, 4),     # fp32: vectors of 4 elements; the backward's padded long rows
-    (24577, 0, torch.bfloat16, 8),   # pre-summed: LayerNorm's forward, every backward
-    (8195, 8, torch.bfloat16, 8),    # a row stride of N + 8: every row lies as without it
-    (8195, 1, torch.bfloat16, 0)])   # a stride of N + 1: x's rows and y's lie apart, one element a lane
-def test_skewed_rows(name, N, extra, dtype, skew, monkeypatch):
+@pytest.mark.parametrize("N, extra, dtype, skew, presum", [
+    (8195, 0, torch.bfloat16, 8, False),    # the long-row forward (RMSNorm, LayerNorm) and backward
+    (4097, 0, torch.float32, 4, False),     # fp32: vectors of 4 elements; the backward's padded long rows
+    (12289, 0, torch.bfloat16, 8, True),    # pre-summed: LayerNorm's forward, every backward
+    (8195, 8, torch.bfloat16, 8, False),    # a row stride of N + 8: every row lies as without it
+    (8195, 1, torch.bfloat16, 0, False)])   # a stride of N + 1: x's rows and y's lie apart, one element a lane
+def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
     """Rows of an odd length or stride launch the long-row kernels with SKEW
     the elements of a 16-byte vector (`_row_skew`), unless their tensors'
     rows lie differently against the vectors (recorded on meta tensors);
     nine rows start at every lane of a vector. Against float64, trained,
     frozen and without parameters, the outputs and dx element by element: a
     lane left out of both the whole vectors and the edges (`_skew_edges`)
-    would show. FusedAdd's forward takes these rows over chunks too."""
+    would show. FusedAdd's forward takes these rows over chunks too. With
+    `presum`, the rows are pre-summed (LONG_PRESUM) as past the presum
+    limits, here lowered to N - 1 (the interpreter pays for long rows)."""
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", fn.ROW_BLOCK_MAX)
+    if presum:
+        monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", N - 1)
+        monkeypatch.setattr(fn, "LONG_BWD_PRESUM_AFTER", N - 1)
     launches = [lc for lc in _row_launches(name, N, N + extra, dtype=dtype) if lc.name.startswith("_long_row")]
     assert launches and {lc.constexprs["SKEW"] for lc in launches} == {skew}, [lc.name for lc in launches]
+    if presum:
+        presummed = {lc.name for lc in launches if lc.constexprs["PRESUM"] > 1}
+        assert presummed == {"_long_row_norm_bwd_kernel"} | ({"_long_row_norm_fwd_kernel"} if name == "ln" else set())
     if N > fn.ROW_BLOCK_MAX:
         assert "_long_row_norm_fwd_kernel" in {lc.name for lc in launches}
     layout = _row_stride(N + extra) if extra else None
@@ -2900,14 +2908,22 @@ def _take_path(name, path, monkeypatch):
 # Frozen means free: what the backward allocates
 # ----------------------------------------------------------------------------
 
-def recorded_backward(op, shape, groups, params, inputs, **recording_kw):
+def recorded_backward(op, shape, groups, params, inputs, run_forward=True, **recording_kw):
     """The launches and allocations (a `bench_frozen_norm.Recording`, made
     with `recording_kw`) of one backward through the outputs of `op` that
     require grad, on fresh fp32 inputs, and the gradients it returns; (None,
-    None) where no output requires grad."""
-    from bench_frozen_norm import Recording, recording
+    None) where no output requires grad. The forward runs, or with
+    `run_forward=False` only records its launches (on the SMs of
+    `recording_kw`): its outputs then hold no values, which a backward that
+    is only recorded never reads."""
+    from bench_frozen_norm import H200_SMS, Recording, recording
     d = prepare(op, shape, torch.float32, params, inputs, groups)
-    outs = [o for o in as_tuple(op.run(d)) if o.requires_grad]
+    if run_forward:
+        outs = op.run(d)
+    else:
+        with recording(recording_kw.get("num_sms", H200_SMS)):
+            outs = op.run(d)
+    outs = [o for o in as_tuple(outs) if o.requires_grad]
     if not outs:
         return None, None
     dys = grad_outputs(outs)
@@ -2971,12 +2987,13 @@ def test_backward_flags_follow_needs_input_grad(name, path, shape, groups, monke
     has a COMPUTE_DX, COMPUTE_DW or COMPUTE_DB flag on whose gradient autograd
     did not ask for (dx: of x or, FusedAdd, of the residual), and each that it
     asked for is on in some launch (dx: or the long-row backward launched,
-    which has no COMPUTE_DX: its wrappers launch it only for dx). The forward
-    runs; the backward's kernels are recorded, not run."""
+    which has no COMPUTE_DX: its wrappers launch it only for dx). Forward
+    and backward record their launches; no kernel runs."""
     _take_path(name, path, monkeypatch)
     op = OPS[name]
     for params, inputs in freeze_patterns(op):
-        rec, _ = recorded_backward(op, shape, groups, params, inputs, num_sms=fn._num_sms(torch.device(DEVICE)))
+        rec, _ = recorded_backward(op, shape, groups, params, inputs, run_forward=False,
+                                   num_sms=fn._num_sms(torch.device(DEVICE)))
         if rec is None:   # nothing requires grad: no backward
             continue
         asked = {"COMPUTE_DX": any(inputs.values()), "COMPUTE_DW": params["weight"] == TRAIN,
