@@ -190,10 +190,12 @@ LOOP_TILE_ELEMENTS = 2048
 # (`_group_long_rows`).
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
-# The row norms' forward tiles of ROW_BLOCK_MAX that a row fills whole (rows
-# of exactly 8192, neither in narrow vectors nor skewed) take this many a
-# thread, 16 warps, not 8: twice the loads of a row in flight. Padded and
-# shorter tiles measured slower on more warps (NOTES.md, section 6).
+# The row norms' forward tiles that one row fills whole (rows of exactly
+# ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's of TILE_ELEMENTS; neither in
+# narrow vectors nor skewed) take this many a thread: 16 and 8 warps, not 8
+# and 4, twice the loads of a row in flight. FusedAdd's rows of 4096, which
+# read x and the residual, gained nothing; padded tiles and tiles of several
+# rows measured slower on more warps (NOTES.md, section 6).
 FULL_TILE_ELEMENTS_PER_THREAD = 16
 
 # --- Long rows (N > ROW_BLOCK_MAX): a program per row, two passes ------------
@@ -2903,7 +2905,9 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         if room and (N >= SKEW_RESIDUAL_TILE_FWD_ROW_MIN if residual is not None
                      else room.block_n == t.block_n >= SKEW_TILE_BLOCK_MIN):
             t, tile_skew = room, skew
-    if t.one_pass and N == t.block_n == ROW_BLOCK_MAX and not (vec or tile_skew):   # FULL_TILE_ELEMENTS_PER_THREAD
+    # A row that fills its tile: FULL_TILE_ELEMENTS_PER_THREAD (FusedAdd's not at TILE_ELEMENTS).
+    full = (ROW_BLOCK_MAX,) if residual is not None else (TILE_ELEMENTS, ROW_BLOCK_MAX)
+    if t.one_pass and N == t.block_n in full and not (vec or tile_skew):
         t = t._replace(num_warps=_warps_for(t.rows * t.block_n, FULL_TILE_ELEMENTS_PER_THREAD))
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,

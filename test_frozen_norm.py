@@ -1267,14 +1267,16 @@ def test_narrow_forward_plan(dtype):
                 assert launch.name == "_long_row_norm_fwd_kernel", (name, N)
                 continue
             c = launch.constexprs
-            # Rows of N = ROW_BLOCK_MAX fill their tile: FULL_TILE_ELEMENTS_PER_THREAD a thread.
-            per_thread = fn.FULL_TILE_ELEMENTS_PER_THREAD if N == fn.ROW_BLOCK_MAX else fn.ELEMENTS_PER_THREAD
+            # Rows that fill their tile take FULL_TILE_ELEMENTS_PER_THREAD a thread: RMSNorm's and
+            # LayerNorm's of TILE_ELEMENTS and ROW_BLOCK_MAX, FusedAdd's of ROW_BLOCK_MAX alone.
+            def warps(full):
+                return fn._pow2(N) // (32 * (fn.FULL_TILE_ELEMENTS_PER_THREAD if full else fn.ELEMENTS_PER_THREAD))
             got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"])
-            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, fn._pow2(N) // (32 * per_thread),
+            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, warps(N in (fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX)),
                            N if want else 0, want), (name, N)
             fused = record_forward("fadd", (8192, N), dtype).launches[0]
             assert (fused.name, fused.num_warps, fused.constexprs["N_CONST"], fused.constexprs["VEC"]) == (
-                "_row_norm_fwd_kernel", fn._pow2(N) // (32 * per_thread), 0, 0), N
+                "_row_norm_fwd_kernel", warps(N == fn.ROW_BLOCK_MAX), 0, 0), N
 
 
 # Padded 16-bit rows of PADDED_ROW_MIN and less whose tiles take N_CONST and
@@ -3926,12 +3928,13 @@ def test_huge_hidden_size(name):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_full_tile_forward(name, dtype):
-    """Rows of ROW_BLOCK_MAX fill the forward's tile and take
-    FULL_TILE_ELEMENTS_PER_THREAD a thread (16 warps; the plan is
+    """Rows of TILE_ELEMENTS and ROW_BLOCK_MAX fill the forward's tile; those
+    of ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's of TILE_ELEMENTS, take
+    FULL_TILE_ELEMENTS_PER_THREAD a thread (16 and 8 warps; the plan is
     test_narrow_forward_plan's): exact where warps are real (the
     interpreter runs a program as one thread), trained and frozen."""
-    for params in (ALL_TRAIN[name], ALL_FROZEN[name]):
-        check_op(OPS[name], (300, fn.ROW_BLOCK_MAX), dtype, params, _with_grads(name))
+    for N, params in itertools.product((fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX), (ALL_TRAIN[name], ALL_FROZEN[name])):
+        check_op(OPS[name], (300, N), dtype, params, _with_grads(name))
 
 
 # Inputs of more than 2^31 elements (bf16, 4 GiB each), cases that launch
