@@ -355,12 +355,17 @@ def _with_grads(name):
 # past ROW_BLOCK_MAX (the long-row kernels), 4-D, one row, many short rows.
 BIG_ROW_SHAPES = [(2, 70001), (2, 3, 4, 64), (1, 7), (1031, 33)]
 BIG_GROUP_SHAPES = [((2, 4, 130, 131), 2), ((2, 4, 3, 4, 5), 2), ((1, 64, 3, 3), 1)]
+# The long odd row trained costs the interpreter most (the dw/db kernel over
+# 70001 columns): one dtype an op, each dtype in some op; frozen in every one.
+BIG_ROW_TRAINED_DTYPE = {"rms": torch.bfloat16, "fadd": torch.float16, "ln": torch.float32, "poly": torch.bfloat16}
 
 
 def _big():
     for name in OPS:
         shapes = BIG_GROUP_SHAPES if name == "gn" else [(s, None) for s in BIG_ROW_SHAPES]
         for (shape, groups), dtype, mode in itertools.product(shapes, DTYPES, ["train", "frozen"]):
+            if shape == (2, 70001) and mode == "train" and dtype != BIG_ROW_TRAINED_DTYPE[name]:
+                continue
             yield pytest.param(name, shape, groups, dtype, mode,
                                id=f"{name}-{DTYPE_IDS[dtype]}-{'x'.join(map(str, shape))}-{mode}")
 
@@ -1500,9 +1505,10 @@ def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
     the elements of a 16-byte vector (`_row_skew`), unless their tensors'
     rows lie differently against the vectors (recorded on meta tensors);
     nine rows start at every lane of a vector. Against float64, trained,
-    frozen and without parameters, the outputs and dx element by element: a
-    lane left out of both the whole vectors and the edges (`_skew_edges`)
-    would show. FusedAdd's forward takes these rows over chunks too. With
+    frozen and without parameters (the stride of N + 8 trained alone), the
+    outputs and dx element by element: a lane left out of both the whole
+    vectors and the edges (`_skew_edges`) would show. FusedAdd's forward
+    takes these rows over chunks too. With
     `presum`, the rows are pre-summed (LONG_PRESUM) as past the presum
     limits, here lowered to N - 1 (the interpreter pays for long rows)."""
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", fn.ROW_BLOCK_MAX)
@@ -1518,7 +1524,8 @@ def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
         assert "_long_row_norm_fwd_kernel" in {lc.name for lc in launches}
     layout = _row_stride(N + extra) if extra else None
     absent = {p: ABSENT for p in ALL_TRAIN[name]}   # without w, nothing zeroes g on the lanes outside a row
-    for params in (ALL_TRAIN[name], ALL_FROZEN[name], absent):
+    # A stride of N + 8 leaves the rows' lanes as N's own: trained alone (N's case has the patterns).
+    for params in (ALL_TRAIN[name],) if extra == 8 else (ALL_TRAIN[name], ALL_FROZEN[name], absent):
         check_op(OPS[name], (9, N), dtype, params, _with_grads(name), layout=layout, elementwise=True)
 
 
