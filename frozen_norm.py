@@ -1912,7 +1912,7 @@ def _row_norm_fwd_kernel(
     OFFSET: tl.constexpr,
     CENTER: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, N_CONST: tl.constexpr, VEC: tl.constexpr,
-    ALIGN: tl.constexpr, SKEW: tl.constexpr,
+    ALIGN: tl.constexpr, SKEW: tl.constexpr, W_FIRST: tl.constexpr,
 ):
     """Row norm forward: y = (x - mean) * rstd * (o + w) + b, one tile of rows.
 
@@ -1946,6 +1946,9 @@ def _row_norm_fwd_kernel(
     stored in whole vectors, and their at most 2 (SKEW - 1) other lanes one
     by one from loads of their own (`_skew_edges`). 0 removes it all: a lane
     a column, loads in vectors only where ALIGN allows.
+    W_FIRST loads w and b before x and holds them through the row sums, so
+    that their latency passes behind x's; False loads them after the sums,
+    where y needs them, and holds no registers for them meanwhile.
     """
     N, stride_x, stride_r = _aligned(N, ALIGN), _aligned(stride_x, ALIGN), _aligned(stride_r, ALIGN)
     stride_s, stride_y = _aligned(stride_s, ALIGN), _aligned(stride_y, ALIGN)
@@ -1965,6 +1968,11 @@ def _row_norm_fwd_kernel(
             W = _skewed_copy(W, skew, N, SKEW)
         if HAS_B:
             B = _skewed_copy(B, skew, N, SKEW)
+    w_first, b_first = 0.0, 0.0   # W_FIRST's o + w and b
+    if W_FIRST and HAS_W:
+        w_first = _load_scale(W, cols, n_w, OFFSET)
+    if W_FIRST and HAS_B:
+        b_first = _load_vector(B, cols, n_w)
     x, mask = _load_row_input(X, R, S, rows, cols, M, N, stride_x, stride_r, stride_s, HAS_RESIDUAL,
                               load, body, SKEW)
     if SKEW:   # the row's own lanes: the others hold a neighbour's elements
@@ -1984,7 +1992,13 @@ def _row_norm_fwd_kernel(
     # where x * rstd - mean * rstd keeps x and x - mean both (ptxas of Triton
     # 3.6: 78 registers instead of 63 at BLOCK_N 8192, three 8-warp programs
     # per SM instead of four; NOTES.md, section 6).
-    y = _row_affine((x - mean[:, None]) * rstd[:, None], W, B, cols, n_w, OFFSET, HAS_W, HAS_B)
+    y = (x - mean[:, None]) * rstd[:, None]
+    if W_FIRST and HAS_W:
+        y = y * w_first
+    if W_FIRST and HAS_B:
+        y = y + b_first
+    if not W_FIRST:
+        y = _row_affine(y, W, B, cols, n_w, OFFSET, HAS_W, HAS_B)
     tl.store(Y + y_offs, y.to(Y.dtype.element_ty), mask=y_mask)
     if SKEW:   # the lanes in no whole vector, one by one, from loads of their own
         e_cols, e_lanes = _skew_edges(skew, N, SKEW)
@@ -2909,6 +2923,9 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     full = (ROW_BLOCK_MAX,) if residual is not None else (TILE_ELEMENTS, ROW_BLOCK_MAX)
     if t.one_pass and N == t.block_n in full and not (vec or tile_skew):
         t = t._replace(num_warps=_warps_for(t.rows * t.block_n, FULL_TILE_ELEMENTS_PER_THREAD))
+    # LayerNorm's rows of TILE_ELEMENTS, a row a tile on those warps, load w and b first (W_FIRST):
+    # faster there; its tiles of ROW_BLOCK_MAX, holding them, take more registers than fit its programs.
+    w_first = center and t.one_pass and N == t.block_n == TILE_ELEMENTS and not (vec or tile_skew)
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
                 enable_fp_fusion=FP_FUSION)
@@ -2917,8 +2934,8 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
     if t.one_pass:
         _row_norm_fwd_kernel[(t.num_tiles,)](x, residual, s, y, w_copies, b_copies, mean, rstd, M, N, *strides,
                                              float(eps), ROWS=t.rows, N_CONST=N if vec else 0, VEC=vec,
-                                             SKEW=tile_skew, maxnreg=_forward_register_cap(t, x, N, vec, center),
-                                             **meta)
+                                             SKEW=tile_skew, W_FIRST=w_first,
+                                             maxnreg=_forward_register_cap(t, x, N, vec, center), **meta)
     else:
         _long_row_norm_fwd_kernel[(M,)](x, residual, s, y, w_copies, b_copies, mean, rstd, *strides, 1, 1,
                                         float(eps), N=N,

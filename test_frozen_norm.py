@@ -1276,12 +1276,27 @@ def test_narrow_forward_plan(dtype):
             # LayerNorm's of TILE_ELEMENTS and ROW_BLOCK_MAX, FusedAdd's of ROW_BLOCK_MAX alone.
             def warps(full):
                 return fn._pow2(N) // (32 * (fn.FULL_TILE_ELEMENTS_PER_THREAD if full else fn.ELEMENTS_PER_THREAD))
-            got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"])
+            got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"], c["W_FIRST"])
             assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, warps(N in (fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX)),
-                           N if want else 0, want), (name, N)
+                           N if want else 0, want, name == "ln" and N == fn.TILE_ELEMENTS), (name, N)
             fused = record_forward("fadd", (8192, N), dtype).launches[0]
-            assert (fused.name, fused.num_warps, fused.constexprs["N_CONST"], fused.constexprs["VEC"]) == (
-                "_row_norm_fwd_kernel", warps(N == fn.ROW_BLOCK_MAX), 0, 0), N
+            c = fused.constexprs
+            assert (fused.name, fused.num_warps, c["N_CONST"], c["VEC"], c["W_FIRST"]) == (
+                "_row_norm_fwd_kernel", warps(N == fn.ROW_BLOCK_MAX), 0, 0, False), N
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_w_first_forward(dtype):
+    """LayerNorm's rows of TILE_ELEMENTS, a row a tile, load w and b before
+    x (W_FIRST; the plan is test_narrow_forward_plan's): recorded on meta
+    tensors, then against float64 with each parameter trained, frozen and
+    absent (HAS_W and HAS_B apart), every input asking for its gradient."""
+    from bench_frozen_norm import record_forward
+    assert record_forward("ln", (3, fn.TILE_ELEMENTS), dtype).launches[0].constexprs["W_FIRST"]
+    op = OPS["ln"]
+    for params, inputs in freeze_patterns(op):
+        if all(inputs.values()):
+            check_op(op, (3, fn.TILE_ELEMENTS), dtype, params, inputs)
 
 
 # Padded 16-bit rows of PADDED_ROW_MIN and less whose tiles take N_CONST and
