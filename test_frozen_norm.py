@@ -1523,9 +1523,9 @@ def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
     frozen and without parameters (the stride of N + 8 trained alone), the
     outputs and dx element by element: a lane left out of both the whole
     vectors and the edges (`_skew_edges`) would show. FusedAdd's forward
-    takes these rows over chunks too. With
-    `presum`, the rows are pre-summed (LONG_PRESUM) as past the presum
-    limits, here lowered to N - 1 (the interpreter pays for long rows)."""
+    takes these rows over chunks too. With `presum`, the rows are pre-summed
+    (LONG_PRESUM) as past the presum limits, here lowered to N - 1 (the
+    interpreter pays for long rows)."""
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", fn.ROW_BLOCK_MAX)
     if presum:
         monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", N - 1)
@@ -3952,7 +3952,8 @@ def test_huge_hidden_size(name):
 def test_full_tile_forward(name, dtype):
     """Rows of TILE_ELEMENTS and ROW_BLOCK_MAX fill the forward's tile; those
     of ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's of TILE_ELEMENTS, take
-    FULL_TILE_ELEMENTS_PER_THREAD a thread (16 and 8 warps; the plan is
+    FULL_TILE_ELEMENTS_PER_THREAD a thread (16 and 8 warps; LayerNorm's of
+    TILE_ELEMENTS load w and b first, W_FIRST; the plan is
     test_narrow_forward_plan's): exact where warps are real (the
     interpreter runs a program as one thread), trained and frozen."""
     for N, params in itertools.product((fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX), (ALL_TRAIN[name], ALL_FROZEN[name])):
