@@ -1947,8 +1947,9 @@ def _row_norm_fwd_kernel(
     by one from loads of their own (`_skew_edges`). 0 removes it all: a lane
     a column, loads in vectors only where ALIGN allows.
     W_FIRST loads w and b before x and holds them through the row sums, so
-    that their latency passes behind x's; False loads them after the sums,
-    where y needs them, and holds no registers for them meanwhile.
+    that their latency passes behind x's; False removes those early loads
+    (w and b are loaded after the sums, where y needs them, and hold no
+    registers meanwhile).
     """
     N, stride_x, stride_r = _aligned(N, ALIGN), _aligned(stride_x, ALIGN), _aligned(stride_r, ALIGN)
     stride_s, stride_y = _aligned(stride_s, ALIGN), _aligned(stride_y, ALIGN)
