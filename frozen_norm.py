@@ -1969,8 +1969,7 @@ def _row_norm_fwd_kernel(
             W = _skewed_copy(W, skew, N, SKEW)
         if HAS_B:
             B = _skewed_copy(B, skew, N, SKEW)
-    w_first, b_first = 0.0, 0.0   # W_FIRST's o + w and b
-    if W_FIRST and HAS_W:
+    if W_FIRST and HAS_W:   # o + w
         w_first = _load_scale(W, cols, n_w, OFFSET)
     if W_FIRST and HAS_B:
         b_first = _load_vector(B, cols, n_w)
@@ -2921,12 +2920,12 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
                      else room.block_n == t.block_n >= SKEW_TILE_BLOCK_MIN):
             t, tile_skew = room, skew
     # A row that fills its tile: FULL_TILE_ELEMENTS_PER_THREAD (FusedAdd's not at TILE_ELEMENTS).
-    full = (ROW_BLOCK_MAX,) if residual is not None else (TILE_ELEMENTS, ROW_BLOCK_MAX)
-    if t.one_pass and N == t.block_n in full and not (vec or tile_skew):
+    fills = t.one_pass and N == t.block_n and not (vec or tile_skew)
+    if fills and N in ((ROW_BLOCK_MAX,) if residual is not None else (TILE_ELEMENTS, ROW_BLOCK_MAX)):
         t = t._replace(num_warps=_warps_for(t.rows * t.block_n, FULL_TILE_ELEMENTS_PER_THREAD))
     # LayerNorm's rows of TILE_ELEMENTS, a row a tile on those warps, load w and b first (W_FIRST):
     # faster there; its tiles of ROW_BLOCK_MAX, holding them, take more registers than fit its programs.
-    w_first = center and t.one_pass and N == t.block_n == TILE_ELEMENTS and not (vec or tile_skew)
+    w_first = center and fills and N == TILE_ELEMENTS
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
                 enable_fp_fusion=FP_FUSION)

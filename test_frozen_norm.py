@@ -1274,15 +1274,20 @@ def test_narrow_forward_plan(dtype):
             c = launch.constexprs
             # Rows that fill their tile take FULL_TILE_ELEMENTS_PER_THREAD a thread: RMSNorm's and
             # LayerNorm's of TILE_ELEMENTS and ROW_BLOCK_MAX, FusedAdd's of ROW_BLOCK_MAX alone.
-            def warps(full):
-                return fn._pow2(N) // (32 * (fn.FULL_TILE_ELEMENTS_PER_THREAD if full else fn.ELEMENTS_PER_THREAD))
+            full = N in (fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX)
             got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"], c["W_FIRST"])
-            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, warps(N in (fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX)),
+            assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, _forward_warps(N, full),
                            N if want else 0, want, name == "ln" and N == fn.TILE_ELEMENTS), (name, N)
             fused = record_forward("fadd", (8192, N), dtype).launches[0]
             c = fused.constexprs
             assert (fused.name, fused.num_warps, c["N_CONST"], c["VEC"], c["W_FIRST"]) == (
-                "_row_norm_fwd_kernel", warps(N == fn.ROW_BLOCK_MAX), 0, 0, False), N
+                "_row_norm_fwd_kernel", _forward_warps(N, N == fn.ROW_BLOCK_MAX), 0, 0, False), N
+
+
+def _forward_warps(N, full):
+    """The warps of a forward tile a row of N fills alone: FULL_TILE_ELEMENTS_PER_THREAD a
+    thread where `full`, else ELEMENTS_PER_THREAD."""
+    return fn._pow2(N) // (32 * (fn.FULL_TILE_ELEMENTS_PER_THREAD if full else fn.ELEMENTS_PER_THREAD))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
