@@ -277,7 +277,8 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
     (c1) is large and an error in it shows in dx (with dy independent of y, c1
     is about N^-1/2 of g and hides under 16-bit tolerances). `elementwise`:
     the outputs and the inputs' gradients also element by element
-    (`elementwise_error`)."""
+    (`elementwise_error`). The inputs returned keep the run (its outputs,
+    gradients and dys) for `_assert_same_bits_twice`."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
     if layout is not None:
         for k in input_names(op):
@@ -295,6 +296,7 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
         assert not any(o.requires_grad for o in outs)
         return d
     assert [o.requires_grad for o in outs] == [r.requires_grad for r in refs]
+    all_outs = outs
     outs, refs = zip(*[(o, r) for o, r in zip(outs, refs) if o.requires_grad])
     dys = grad_outputs(outs)
     if along_y:
@@ -315,6 +317,8 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
                 assert err < 2 * tol, f"d{k} error {err:.2e} (an element)"
         else:
             assert v.grad is None, f"frozen {k} got a gradient"
+    grads = [v.grad for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+    d["first_run"] = (list(all_outs) + grads, dys)
     return d
 
 
@@ -1517,7 +1521,7 @@ def test_aligned_rows(name, N, extra, align):
 @pytest.mark.parametrize("N, extra, dtype, skew, presum", [
     (8195, 0, torch.bfloat16, 8, False),    # the long-row forward (RMSNorm, LayerNorm) and backward
     (4097, 0, torch.float32, 4, False),     # fp32: vectors of 4 elements; the backward's padded long rows
-    (12289, 0, torch.bfloat16, 8, True),    # pre-summed: LayerNorm's forward, every backward
+    (8195, 0, torch.bfloat16, 8, True),     # pre-summed: LayerNorm's forward, every backward
     (8195, 8, torch.bfloat16, 8, False),    # a row stride of N + 8: every row lies as without it
     (8195, 1, torch.bfloat16, 0, False)])   # a stride of N + 1: x's rows and y's lie apart, one element a lane
 def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
@@ -1676,16 +1680,18 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1)
     monkeypatch.setattr(fn, "_programs_per_sm", lambda num_warps: 1)
     layout = _row_stride(N + extra) if extra else None
-    op = OPS[name]
+    op, twice = OPS[name], 0
     for params, inputs in freeze_patterns(op):
         if TRAIN not in params.values() and N >= bwd_min:
             continue   # a frozen backward in the long-row kernels, not a tile (test_skewed_rows)
         if TRAIN in params.values() and row_each:
             continue   # a trained one a row a program, not a tile (test_skewed_trained_rows_each)
         if all(inputs.values()) or (params == ALL_TRAIN[name] and not inputs["x"]):
-            check_op(op, (M, N), dtype, params, inputs, layout=layout, elementwise=True)
-    if not row_each:   # the tile's persistent loop (a row a program: test_skewed_trained_rows_each)
-        _assert_same_bits_twice(op, prepare(op, (M, N), dtype, ALL_TRAIN[name], _with_grads(name)))
+            d = check_op(op, (M, N), dtype, params, inputs, layout=layout, elementwise=True)
+            if params == ALL_TRAIN[name] and all(inputs.values()):   # the tile's persistent loop
+                _assert_same_bits_twice(op, d)
+                twice += 1
+    assert twice == (not row_each)   # a row a program: test_skewed_trained_rows_each
 
 
 @pytest.mark.parametrize("name, N, dtype, each", [
@@ -1732,12 +1738,14 @@ def test_skewed_trained_rows_each(name, N, dtype, each):
                   [("_row_norm_bwd_kernel", 0 if fn._pow2(N + skew - 1) > fn.ROW_BLOCK_MAX else skew)])
         assert got == wanted, (variant, got)
     if N < 2048:
-        op = OPS[name]
+        op, twice = OPS[name], 0
         for params, inputs in freeze_patterns(op):
             if TRAIN in params.values():
-                check_op(op, (9, N), dtype, params, inputs, elementwise=True)
-        if each:
-            _assert_same_bits_twice(op, prepare(op, (9, N), dtype, ALL_TRAIN[name], _with_grads(name)))
+                d = check_op(op, (9, N), dtype, params, inputs, elementwise=True)
+                if each and params == ALL_TRAIN[name] and all(inputs.values()):
+                    _assert_same_bits_twice(op, d)
+                    twice += 1
+        assert twice == each
 
 
 def test_row_skew_rule():
@@ -3137,19 +3145,20 @@ def test_skewed_dwdb(name, dtype, beside, monkeypatch):
     of its slice (its SKEW): recorded on meta tensors, SKEW programs per
     slice and column block, the column blocks covering N + SKEW - 1 lanes.
     Never beside the dx kernel (DW_BESIDE_EAGER), whose one launch leaves
-    no partials to reduce. Then 41 rows in slices of 4 rows a class (2 of
-    8, 3 of 4; the last partial), against float64 element by element for
-    every pattern that trains a parameter and leaves none absent (the dw/db
-    kernel reads no w or b: to it an absent parameter is a frozen one; in
-    fp32, whose launches differ in SKEW alone, and with DW_BESIDE_EAGER,
-    whose launches are the same, all trained alone): a column off by its
-    skew, or a class's row summed twice or not at all, would show."""
+    no partials to reduce. Then 37 rows in slices of 4 rows a class (of 8
+    classes, 2 slices or 1; of 4, 3; the last partial), against float64
+    element by element for every pattern that trains a parameter and leaves
+    none absent (the dw/db kernel reads no w or b: to it an absent parameter
+    is a frozen one; in fp32, whose launches differ in SKEW alone, and with
+    DW_BESIDE_EAGER, whose launches are the same, all trained alone): a
+    column off by its skew, or a class's row summed twice or not at all,
+    would show."""
     from bench_frozen_norm import record_backward
     _long_rows_from(64, monkeypatch)
     monkeypatch.setattr(fn, "DW_BLOCK_M", 4)
     monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1000)
-    skew, (M, N) = 16 // dtype.itemsize, (41, 127)
+    skew, (M, N) = 16 // dtype.itemsize, (37, 127)
     want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
     dwdb, = [lc for lc in record_backward(name, (M, N), want, dtype, 1000).launches
              if lc.name == "_row_norm_dwdb_kernel"]
@@ -3213,21 +3222,27 @@ def test_backward_grid(name):
         check_op(OPS[name], (1031, 33), torch.bfloat16, params, _with_grads(name))
 
 
-def _outputs_and_grads(op, d):
+def _outputs_and_grads(op, d, dys=None):
     """One forward and backward of `op` on inputs `d`: its outputs, then the
-    gradients of every input that requires one (dy drawn from a fixed seed, on
-    the outputs' device)."""
+    gradients of every input that requires one, for the gradients `dys` of
+    the outputs that require one (by default drawn from a fixed seed, on the
+    outputs' device)."""
     wanted = [v for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
     outs = as_tuple(op.run(d))
-    torch.manual_seed(2)
-    dys = [dy.to(o.device) for dy, o in zip(grad_outputs(outs), outs)]
-    return list(outs) + list(torch.autograd.grad(outs, wanted, dys))
+    used = [o for o in outs if o.requires_grad]
+    if dys is None:
+        torch.manual_seed(2)
+        dys = [dy.to(o.device) for dy, o in zip(grad_outputs(used), used)]
+    return list(outs) + list(torch.autograd.grad(used, wanted, dys))
 
 
 def _assert_same_bits_twice(op, d):
-    """Two runs of `_outputs_and_grads` give bitwise the same tensors."""
-    first, second = _outputs_and_grads(op, d), _outputs_and_grads(op, d)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    """Two runs give bitwise the same outputs and gradients: the run
+    `check_op` kept in d (its dys again) and one more, or, for inputs that
+    `check_op` did not run, two of `_outputs_and_grads`."""
+    first, dys = d.pop("first_run") if "first_run" in d else (_outputs_and_grads(op, d), None)
+    second = _outputs_and_grads(op, d, dys)
+    assert len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 def _check_twice(name, shape, dtype, params, along_y=False):
