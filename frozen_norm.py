@@ -191,11 +191,12 @@ LOOP_TILE_ELEMENTS = 2048
 ELEMENTS_PER_THREAD = 32
 LOOP_ELEMENTS_PER_THREAD = 16
 # The row norms' forward tiles that one row fills whole (rows of exactly
-# ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's of TILE_ELEMENTS; neither in
-# narrow vectors nor skewed) take this many a thread: 16 and 8 warps, not 8
-# and 4, twice the loads of a row in flight. FusedAdd's rows of 4096, which
-# read x and the residual, gained nothing; padded tiles and tiles of several
-# rows measured slower on more warps (NOTES.md, section 6).
+# ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's fp32 ones of TILE_ELEMENTS;
+# neither in narrow vectors nor skewed) take this many a thread: 16 and 8
+# warps, not 8 and 4, twice the loads of a row in flight. FusedAdd's rows of
+# 4096, which read x and the residual, gained nothing, LayerNorm's 16-bit
+# ones lost on the H200; padded tiles and tiles of several rows measured
+# slower on more warps (NOTES.md, section 6).
 FULL_TILE_ELEMENTS_PER_THREAD = 16
 
 # --- Long rows (N > ROW_BLOCK_MAX): a program per row, two passes ------------
@@ -2919,13 +2920,14 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
         if room and (N >= SKEW_RESIDUAL_TILE_FWD_ROW_MIN if residual is not None
                      else room.block_n == t.block_n >= SKEW_TILE_BLOCK_MIN):
             t, tile_skew = room, skew
-    # A row that fills its tile: FULL_TILE_ELEMENTS_PER_THREAD (FusedAdd's not at TILE_ELEMENTS).
+    # A row that fills its tile: FULL_TILE_ELEMENTS_PER_THREAD, at TILE_ELEMENTS RMSNorm's and
+    # LayerNorm's fp32 ones alone; those LayerNorm's load w and b first (W_FIRST). Its 16-bit rows
+    # of TILE_ELEMENTS measured faster with neither; its tiles of ROW_BLOCK_MAX, holding w and b,
+    # take more registers than fit its programs.
     fills = t.one_pass and N == t.block_n and not (vec or tile_skew)
-    if fills and N in ((ROW_BLOCK_MAX,) if residual is not None else (TILE_ELEMENTS, ROW_BLOCK_MAX)):
+    w_first = center and fills and N == TILE_ELEMENTS and x.element_size() == 4
+    if fills and (N == ROW_BLOCK_MAX or N == TILE_ELEMENTS and residual is None and (w_first or not center)):
         t = t._replace(num_warps=_warps_for(t.rows * t.block_n, FULL_TILE_ELEMENTS_PER_THREAD))
-    # LayerNorm's rows of TILE_ELEMENTS, a row a tile on those warps, load w and b first (W_FIRST):
-    # faster there; its tiles of ROW_BLOCK_MAX, holding them, take more registers than fit its programs.
-    w_first = center and fills and N == TILE_ELEMENTS
     meta = dict(OFFSET=float(offset), CENTER=center, HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
                 HAS_B=bias is not None, BLOCK_N=t.block_n, ALIGN=_align(N, *strides), num_warps=t.num_warps,
                 enable_fp_fusion=FP_FUSION)

@@ -1276,12 +1276,13 @@ def test_narrow_forward_plan(dtype):
                 assert launch.name == "_long_row_norm_fwd_kernel", (name, N)
                 continue
             c = launch.constexprs
-            # Rows that fill their tile take FULL_TILE_ELEMENTS_PER_THREAD a thread: RMSNorm's and
-            # LayerNorm's of TILE_ELEMENTS and ROW_BLOCK_MAX, FusedAdd's of ROW_BLOCK_MAX alone.
-            full = N in (fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX)
+            # Rows that fill their tile take FULL_TILE_ELEMENTS_PER_THREAD a thread: those of
+            # ROW_BLOCK_MAX, and at TILE_ELEMENTS RMSNorm's and LayerNorm's fp32 ones (W_FIRST).
+            w_first = name == "ln" and N == fn.TILE_ELEMENTS and dtype == torch.float32
+            full = N == fn.ROW_BLOCK_MAX or N == fn.TILE_ELEMENTS and (name == "rms" or w_first)
             got = (launch.name, c["BLOCK_N"], c["ROWS"], launch.num_warps, c["N_CONST"], c["VEC"], c["W_FIRST"])
             assert got == ("_row_norm_fwd_kernel", fn._pow2(N), 1, _forward_warps(N, full),
-                           N if want else 0, want, name == "ln" and N == fn.TILE_ELEMENTS), (name, N)
+                           N if want else 0, want, w_first), (name, N)
             fused = record_forward("fadd", (8192, N), dtype).launches[0]
             c = fused.constexprs
             assert (fused.name, fused.num_warps, c["N_CONST"], c["VEC"], c["W_FIRST"]) == (
@@ -1294,18 +1295,18 @@ def _forward_warps(N, full):
     return fn._pow2(N) // (32 * (fn.FULL_TILE_ELEMENTS_PER_THREAD if full else fn.ELEMENTS_PER_THREAD))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
-def test_w_first_forward(dtype):
-    """LayerNorm's rows of TILE_ELEMENTS, a row a tile, load w and b before
-    x (W_FIRST; the plan is test_narrow_forward_plan's): recorded on meta
-    tensors, then against float64 with each parameter trained, frozen and
-    absent (HAS_W and HAS_B apart), every input asking for its gradient."""
+def test_w_first_forward():
+    """LayerNorm's fp32 rows of TILE_ELEMENTS, a row a tile, load w and b
+    before x (W_FIRST; the plan, and the 16-bit rows' without it, are
+    test_narrow_forward_plan's): recorded on meta tensors, then against
+    float64 with each parameter trained, frozen and absent (HAS_W and HAS_B
+    apart), every input asking for its gradient."""
     from bench_frozen_norm import record_forward
-    assert record_forward("ln", (3, fn.TILE_ELEMENTS), dtype).launches[0].constexprs["W_FIRST"]
+    assert record_forward("ln", (3, fn.TILE_ELEMENTS), torch.float32).launches[0].constexprs["W_FIRST"]
     op = OPS["ln"]
     for params, inputs in freeze_patterns(op):
         if all(inputs.values()):
-            check_op(op, (3, fn.TILE_ELEMENTS), dtype, params, inputs)
+            check_op(op, (3, fn.TILE_ELEMENTS), torch.float32, params, inputs)
 
 
 # Padded 16-bit rows of PADDED_ROW_MIN and less whose tiles take N_CONST and
@@ -3973,9 +3974,9 @@ def test_huge_hidden_size(name):
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
 def test_full_tile_forward(name, dtype):
     """Rows of TILE_ELEMENTS and ROW_BLOCK_MAX fill the forward's tile; those
-    of ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's of TILE_ELEMENTS, take
-    FULL_TILE_ELEMENTS_PER_THREAD a thread (16 and 8 warps; LayerNorm's of
-    TILE_ELEMENTS load w and b first, W_FIRST; the plan is
+    of ROW_BLOCK_MAX, and RMSNorm's and LayerNorm's fp32 ones of
+    TILE_ELEMENTS, take FULL_TILE_ELEMENTS_PER_THREAD a thread (16 and 8
+    warps; those LayerNorm's load w and b first, W_FIRST; the plan is
     test_narrow_forward_plan's): exact where warps are real (the
     interpreter runs a program as one thread), trained and frozen."""
     for N, params in itertools.product((fn.TILE_ELEMENTS, fn.ROW_BLOCK_MAX), (ALL_TRAIN[name], ALL_FROZEN[name])):
