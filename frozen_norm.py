@@ -2921,9 +2921,9 @@ def _row_norm_forward(x, residual, weight, bias, eps, offset, center, N):
                      else room.block_n == t.block_n >= SKEW_TILE_BLOCK_MIN):
             t, tile_skew = room, skew
     # A row that fills its tile: FULL_TILE_ELEMENTS_PER_THREAD, at TILE_ELEMENTS RMSNorm's and
-    # LayerNorm's fp32 ones alone; those LayerNorm's load w and b first (W_FIRST). Its 16-bit rows
-    # of TILE_ELEMENTS measured faster with neither; its tiles of ROW_BLOCK_MAX, holding w and b,
-    # take more registers than fit its programs.
+    # LayerNorm's fp32 rows alone; those LayerNorm rows load w and b first (W_FIRST). LayerNorm's
+    # 16-bit rows of TILE_ELEMENTS measured faster with neither, and its tiles of ROW_BLOCK_MAX,
+    # holding w and b from the start, take more registers than fit its programs.
     fills = t.one_pass and N == t.block_n and not (vec or tile_skew)
     w_first = center and fills and N == TILE_ELEMENTS and x.element_size() == 4
     if fills and (N == ROW_BLOCK_MAX or N == TILE_ELEMENTS and residual is None and (w_first or not center)):
