@@ -1530,12 +1530,12 @@ def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
     the elements of a 16-byte vector (`_row_skew`), unless their tensors'
     rows lie differently against the vectors (recorded on meta tensors);
     nine rows start at every lane of a vector. Against float64, trained,
-    frozen and without parameters (the stride of N + 8 trained alone), the
-    outputs and dx element by element: a lane left out of both the whole
-    vectors and the edges (`_skew_edges`) would show. FusedAdd's forward
-    takes these rows over chunks too. With `presum`, the rows are pre-summed
-    (LONG_PRESUM) as past the presum limits, here lowered to N - 1 (the
-    interpreter pays for long rows)."""
+    frozen and, where SKEW is not 0, without parameters (the stride of N + 8
+    trained alone), the outputs and dx element by element: a lane left out
+    of both the whole vectors and the edges (`_skew_edges`) would show.
+    FusedAdd's forward takes these rows over chunks too. With `presum`, the
+    rows are pre-summed (LONG_PRESUM) as past the presum limits, here
+    lowered to N - 1 (the interpreter pays for long rows)."""
     monkeypatch.setattr(fn, "RESIDUAL_ROW_BLOCK_MAX", fn.ROW_BLOCK_MAX)
     if presum:
         monkeypatch.setattr(fn, "LONG_FWD_PRESUM_AFTER", N - 1)
@@ -1548,9 +1548,10 @@ def test_skewed_rows(name, N, extra, dtype, skew, presum, monkeypatch):
     if N > fn.ROW_BLOCK_MAX:
         assert "_long_row_norm_fwd_kernel" in {lc.name for lc in launches}
     layout = _row_stride(N + extra) if extra else None
-    absent = {p: ABSENT for p in ALL_TRAIN[name]}   # without w, nothing zeroes g on the lanes outside a row
+    absent = {p: ABSENT for p in ALL_TRAIN[name]}   # without w, nothing zeroes g on the skewed lanes outside a row
     # A stride of N + 8 leaves the rows' lanes as N's own: trained alone (N's case has the patterns).
-    for params in (ALL_TRAIN[name],) if extra == 8 else (ALL_TRAIN[name], ALL_FROZEN[name], absent):
+    patterns = (ALL_TRAIN[name], ALL_FROZEN[name]) + ((absent,) if skew else ())
+    for params in (ALL_TRAIN[name],) if extra == 8 else patterns:
         check_op(OPS[name], (9, N), dtype, params, _with_grads(name), layout=layout, elementwise=True)
 
 
@@ -3138,38 +3139,42 @@ def test_long_row_dw_beside(name, params, inputs, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["rms", "fadd", "ln"])
-@pytest.mark.parametrize("dtype, beside", [(torch.bfloat16, False), (torch.float32, False), (torch.bfloat16, True)])
-def test_skewed_dwdb(name, dtype, beside, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_skewed_dwdb(name, dtype, monkeypatch):
     """The dw/db kernel of trained odd rows past the tile (`_long_rows_from`
     64: rows of 127, whose lanes cross a column block of 64 where the row
     does not) reads them skewed, each program the rows of one class
     of its slice (its SKEW): recorded on meta tensors, SKEW programs per
     slice and column block, the column blocks covering N + SKEW - 1 lanes.
-    Never beside the dx kernel (DW_BESIDE_EAGER), whose one launch leaves
-    no partials to reduce. Then 37 rows in slices of 4 rows a class (of 8
-    classes, 2 slices or 1; of 4, 3; the last partial), against float64
-    element by element for every pattern that trains a parameter and leaves
-    none absent (the dw/db kernel reads no w or b: to it an absent parameter
-    is a frozen one; in fp32, whose launches differ in SKEW alone, and with
-    DW_BESIDE_EAGER, whose launches are the same, all trained alone): a
-    column off by its skew, or a class's row summed twice or not at all,
-    would show."""
+    Never beside the dx kernel: with DW_BESIDE_EAGER (whose one launch
+    would leave no partials to reduce) the same launches and allocations.
+    Then 37 rows in slices of 4 rows a class (of 8 classes, 2 slices or 1;
+    of 4, 3; the last partial), against float64 element by element for
+    every pattern that trains a parameter and leaves none absent (the dw/db
+    kernel reads no w or b: to it an absent parameter is a frozen one; in
+    fp32, whose launches differ in SKEW alone, all trained alone): a column
+    off by its skew, or a class's row summed twice or not at all, would
+    show."""
     from bench_frozen_norm import record_backward
     _long_rows_from(64, monkeypatch)
     monkeypatch.setattr(fn, "DW_BLOCK_M", 4)
-    monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
     monkeypatch.setattr(fn, "_num_sms", lambda device: 1000)
     skew, (M, N) = 16 // dtype.itemsize, (37, 127)
     want = {"dx": True, "dw": True, **({"db": True} if name == "ln" else {})}
-    dwdb, = [lc for lc in record_backward(name, (M, N), want, dtype, 1000).launches
-             if lc.name == "_row_norm_dwdb_kernel"]
+    recordings = []
+    for beside in (False, True):
+        monkeypatch.setattr(fn, "DW_BESIDE_EAGER", beside)
+        recordings.append(record_backward(name, (M, N), want, dtype, 1000))
+    eager, beside = recordings
+    assert (_launch_key(eager), eager.allocated_bytes) == (_launch_key(beside), beside.allocated_bytes)
+    dwdb, = [lc for lc in eager.launches if lc.name == "_row_norm_dwdb_kernel"]
     assert dwdb.constexprs["SKEW"] == skew and dwdb.constexprs["LAST_FIRST"]   # after the dx kernel
     assert dwdb.grid[1] == skew * -(-M // (4 * skew))   # slices of 4 rows a class
     assert dwdb.grid[0] * dwdb.constexprs["BLOCK_N"] >= N + skew - 1
     op = OPS[name]
     for params, inputs in freeze_patterns(op):
         if (TRAIN in params.values() and ABSENT not in params.values() and all(inputs.values())
-                and (dtype == torch.bfloat16 and not beside or params == ALL_TRAIN[name])):
+                and (dtype == torch.bfloat16 or params == ALL_TRAIN[name])):
             check_op(op, (M, N), dtype, params, inputs, elementwise=True)
 
 
