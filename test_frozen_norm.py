@@ -269,7 +269,7 @@ def grad_outputs(outs):
 
 
 def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, layout=None, along_y=False,
-             elementwise=False, **kw):
+             elementwise=False, twice=False, **kw):
     """Forward and backward of one configuration against float64; returns the
     inputs used. `layout`, if given, makes each input a differently laid out
     tensor of the same values (`LAYOUTS`). `along_y`: each output's gradient
@@ -277,8 +277,8 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
     (c1) is large and an error in it shows in dx (with dy independent of y, c1
     is about N^-1/2 of g and hides under 16-bit tolerances). `elementwise`:
     the outputs and the inputs' gradients also element by element
-    (`elementwise_error`). The inputs returned keep the run (its outputs,
-    gradients and dys) for `_assert_same_bits_twice`."""
+    (`elementwise_error`). `twice`: then one more run with the same dys
+    (`_outputs_and_grads`), bitwise the same outputs and gradients."""
     d = prepare(op, shape, dtype, params, inputs, groups, param_dtype)
     if layout is not None:
         for k in input_names(op):
@@ -317,8 +317,10 @@ def check_op(op, shape, dtype, params, inputs, groups=None, param_dtype=None, la
                 assert err < 2 * tol, f"d{k} error {err:.2e} (an element)"
         else:
             assert v.grad is None, f"frozen {k} got a gradient"
-    grads = [v.grad for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-    d["first_run"] = (list(all_outs) + grads, dys)
+    if twice:
+        assert not kw, "the second run (`_outputs_and_grads`) takes no keywords"
+        grads = [v.grad for v in d.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+        _assert_same_bits(list(all_outs) + grads, _outputs_and_grads(op, d, dys))
     return d
 
 
@@ -439,17 +441,17 @@ def test_columns_dx(name, params, inputs, dtype, monkeypatch):
     kernel with COMPUTE_DX for dx with dw/db, against float64, under
     every freeze pattern; the pair exactly where a parameter trains and dx
     is asked, else the usual launches. Gradients along y, so that an error in
-    k1 shows in dx; on the columns path, bitwise the same on two more runs."""
+    k1 shows in dx; on the columns path, bitwise the same on one more run,
+    which takes the pair again."""
     _long_rows_from(64, monkeypatch)
     monkeypatch.setattr(fn, "RELOAD_ROW_BLOCK_MAX", 64)   # no row a tile either
     monkeypatch.setattr(fn, "COLUMNS_DX_ROW_BYTES", 256)
     launches = _spied(monkeypatch, ["_long_row_norm_bwd_kernel", "_row_norm_dwdb_kernel"])
-    d = check_op(OPS[name], (13, 200), dtype, params, inputs, along_y=True)
     columns = TRAIN in params.values() and (inputs["x"] or inputs.get("residual", False))
+    check_op(OPS[name], (13, 200), dtype, params, inputs, along_y=True, twice=columns)
     got = [_columns_flags(name, constexprs) for name, constexprs in launches]
     if columns:
-        assert got == COLUMNS_PAIR, got
-        _assert_same_bits_twice(OPS[name], d)
+        assert got == COLUMNS_PAIR * 2, got
     else:
         assert not set(COLUMNS_PAIR) & set(got), got
 
@@ -1689,10 +1691,9 @@ def test_skewed_tiles(name, N, dtype, extra, monkeypatch):
         if TRAIN in params.values() and row_each:
             continue   # a trained one a row a program, not a tile (test_skewed_trained_rows_each)
         if all(inputs.values()) or (params == ALL_TRAIN[name] and not inputs["x"]):
-            d = check_op(op, (M, N), dtype, params, inputs, layout=layout, elementwise=True)
-            if params == ALL_TRAIN[name] and all(inputs.values()):   # the tile's persistent loop
-                _assert_same_bits_twice(op, d)
-                twice += 1
+            all_trained = params == ALL_TRAIN[name] and all(inputs.values())   # the tile's persistent loop
+            check_op(op, (M, N), dtype, params, inputs, layout=layout, elementwise=True, twice=all_trained)
+            twice += all_trained
     assert twice == (not row_each)   # a row a program: test_skewed_trained_rows_each
 
 
@@ -1743,10 +1744,9 @@ def test_skewed_trained_rows_each(name, N, dtype, each):
         op, twice = OPS[name], 0
         for params, inputs in freeze_patterns(op):
             if TRAIN in params.values():
-                d = check_op(op, (9, N), dtype, params, inputs, elementwise=True)
-                if each and params == ALL_TRAIN[name] and all(inputs.values()):
-                    _assert_same_bits_twice(op, d)
-                    twice += 1
+                all_trained = each and params == ALL_TRAIN[name] and all(inputs.values())
+                check_op(op, (9, N), dtype, params, inputs, elementwise=True, twice=all_trained)
+                twice += all_trained
         assert twice == each
 
 
@@ -3242,20 +3242,20 @@ def _outputs_and_grads(op, d, dys=None):
     return list(outs) + list(torch.autograd.grad(used, wanted, dys))
 
 
-def _assert_same_bits_twice(op, d):
-    """Two runs give bitwise the same outputs and gradients: the run
-    `check_op` kept in d (its dys again) and one more, or, for inputs that
-    `check_op` did not run, two of `_outputs_and_grads`."""
-    first, dys = d.pop("first_run") if "first_run" in d else (_outputs_and_grads(op, d), None)
-    second = _outputs_and_grads(op, d, dys)
+def _assert_same_bits(first, second):
+    """Two runs' outputs and gradients (`_outputs_and_grads`) are bitwise the same."""
     assert len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def _assert_same_bits_twice(op, d):
+    """Two runs of `_outputs_and_grads` give bitwise the same tensors."""
+    _assert_same_bits(_outputs_and_grads(op, d), _outputs_and_grads(op, d))
 
 
 def _check_twice(name, shape, dtype, params, along_y=False):
     """`check_op` of op `name` against float64, every input with a gradient,
     then bitwise the same outputs and gradients on a second run."""
-    op = OPS[name]
-    _assert_same_bits_twice(op, check_op(op, shape, dtype, params, _with_grads(name), along_y=along_y))
+    check_op(OPS[name], shape, dtype, params, _with_grads(name), along_y=along_y, twice=True)
 
 
 @pytest.mark.parametrize("name", list(OPS) + ["gn-long-rows", "gn-own", "poly-long-rows"])
