@@ -115,6 +115,32 @@ def _fast_interpreter():
         yield
 
 
+def _bool_mask(method, position, what):
+    """The interpreter builder's `method` (a masked load or store), which
+    first checks that the mask at argument `position` holds bools. Triton
+    3.9's interpreter rejects any other ("mask has unsupported dtype"); 3.6's
+    and 3.8's take an int32 mask too, so without this check a kernel that
+    makes one (a scalar comparison or-ed into a block: `_skew_edges`) would
+    pass here and fail on a newer Triton."""
+    def checked(self, *args):
+        mask = args[position].data
+        assert mask.dtype == np.bool_, f"a masked {what}'s mask holds {mask.dtype}, not bool"
+        return method(self, *args)
+    return checked
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _bool_masks():
+    """For the session, the interpreter's masked loads and stores check that
+    their masks are bools (`_bool_mask`); on a GPU nothing changes."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not HAS_GPU:
+            builder = interpreter.InterpreterBuilder
+            patch.setattr(builder, "create_masked_load", _bool_mask(builder.create_masked_load, 1, "load"))
+            patch.setattr(builder, "create_masked_store", _bool_mask(builder.create_masked_store, 2, "store"))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _seed(request):
     """Fresh random inputs for every test, reproducible from its name."""
