@@ -1453,11 +1453,11 @@ def _skew_edges(skew, N, SKEW: tl.constexpr):
     e = tl.arange(0, 2 * SKEW)
     tail = (skew + N) // SKEW * SKEW
     lanes = tl.where(e < SKEW, e, tail + e - SKEW)
-    # The first vector's lanes only where the row starts inside it. skew > 0
-    # goes through a select of True and False, which the compiler folds away:
-    # Triton's interpreter types a scalar comparison as its operands (int32
-    # here), and or-ed into a block that makes an int32 mask, which its loads
-    # reject from Triton 3.9 on; the select's result is typed as its values.
+    # The first vector's lanes only where the row starts inside it. `skew > 0`
+    # passes through a select of True and False, which the compiler folds away:
+    # Triton's interpreter types a comparison of scalars as its operands (int32
+    # here), so or-ed into a block it would make an int32 mask, which the
+    # interpreter's loads reject from Triton 3.9 on; a select is typed as its values.
     mask = (lanes >= skew) & (lanes < skew + N) & (tl.where(skew > 0, True, False) | (e >= SKEW))
     return lanes, mask
 
