@@ -60,12 +60,15 @@ def _fold_reduce(op, inputs):
     return [op.to_tensor(np.squeeze(a, axis=op.axis), d) for a, d in zip(arrays, dtypes)]
 
 
-_INTERPRETER_REDUCE = _INTERPRETER_PATCH_LANG = None
+_INTERPRETER_REDUCE = _INTERPRETER_PATCH_LANG = _INTERPRETER_NP_DTYPE = _INTERPRETER_CONVERT = None
 if not HAS_GPU:
     import numpy as np   # the interpreter's arrays
+    import triton.language as tl
     from triton.runtime import interpreter
     _INTERPRETER_REDUCE = getattr(getattr(interpreter, "ReduceOps", None), "generic_reduce", None)
     _INTERPRETER_PATCH_LANG = getattr(interpreter, "_patch_lang", None)
+    _INTERPRETER_NP_DTYPE = getattr(interpreter, "_get_np_dtype", None)
+    _INTERPRETER_CONVERT = getattr(interpreter, "_convert_float", None)
 
 
 class _LaunchPatch:
@@ -100,19 +103,86 @@ def _patch_lang_once(fn):
     return None
 
 
+_NP_DTYPES = {}   # the interpreter's numpy dtype of each Triton scalar type, by its name
+
+
+def _np_dtype_once(tt_dtype):
+    """`_get_np_dtype` in place of the interpreter's, which builds a dict of
+    every Triton type at each call (several calls an op): the answer for a
+    scalar type (or a block's element type) asked for once, then kept."""
+    element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+    np_dtype = _NP_DTYPES.get(element.name)
+    if np_dtype is None:
+        np_dtype = _NP_DTYPES[element.name] = _INTERPRETER_NP_DTYPE(element)
+    return np_dtype
+
+
+def _shift_convert(data, src_dtype, dst_dtype, rounding_mode):
+    """`_convert_float` in place of the interpreter's, for its casts between
+    fp32 and bf16 without a rounding mode (a kernel's `.to()`). Its bit
+    arithmetic there (sign, exponent and significand apart, a dozen numpy
+    passes) comes to a shift for every input but a subnormal: bf16 is the
+    top half of fp32's bits (truncated: the interpreter does not round to
+    nearest, as a GPU does). Arrays that hold a subnormal, other types and
+    rounding modes go to the interpreter's own. `test_interpreter_casts`
+    checks that the two agree bit for bit."""
+    if rounding_mode is None:
+        if src_dtype == tl.float32 and dst_dtype == tl.bfloat16:
+            bits = data.view(np.uint32)
+            if not np.any(((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)):
+                return np.asarray((bits >> 16).astype(np.uint16))   # an array even of a 0-d one
+        elif src_dtype == tl.bfloat16 and dst_dtype == tl.float32:
+            bits = data.view(np.uint16)
+            if not np.any(((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)):
+                return np.asarray(bits.astype(np.uint32) << 16)
+    return _INTERPRETER_CONVERT(data, src_dtype, dst_dtype, rounding_mode)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fast_interpreter():
-    """For the session, `_fold_reduce` in place of the interpreter's reduce
-    and `_patch_lang_once` in place of its `_patch_lang`, each where the
-    interpreter has it (on a GPU nothing changes). The second halved the
-    suite's time on the CPU here; the kernels' arithmetic is the
+    """For the session, `_fold_reduce` in place of the interpreter's reduce,
+    `_patch_lang_once` of its `_patch_lang`, `_np_dtype_once` of its
+    `_get_np_dtype` and `_shift_convert` of its `_convert_float`, each where
+    the interpreter has it (on a GPU nothing changes). `_patch_lang_once`
+    halved the suite's time on the CPU here; the kernels' arithmetic is the
     interpreter's either way."""
     with pytest.MonkeyPatch.context() as patch:
         if _INTERPRETER_REDUCE is not None:
             patch.setattr(interpreter.ReduceOps, "generic_reduce", _fold_reduce)
         if _INTERPRETER_PATCH_LANG is not None:
             patch.setattr(interpreter, "_patch_lang", _patch_lang_once)
+        if _INTERPRETER_NP_DTYPE is not None:
+            patch.setattr(interpreter, "_get_np_dtype", _np_dtype_once)
+        if _INTERPRETER_CONVERT is not None:
+            patch.setattr(interpreter, "_convert_float", _shift_convert)
         yield
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks a patch of Triton's CPU interpreter, made only without a CUDA device")
+def test_interpreter_casts():
+    """`_shift_convert` gives the interpreter's own `_convert_float` bits:
+    every bf16 bit pattern to fp32, and fp32 to bf16 on random bit patterns
+    with infinities, NaNs, zeros and the bounds of the normal range;
+    without subnormals (the shift) and with them (the interpreter's own)."""
+    def same(data, src, dst):
+        ours, theirs = _shift_convert(data, src, dst, None), _INTERPRETER_CONVERT(data, src, dst, None)
+        assert type(ours) is type(theirs) and ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        assert np.array_equal(ours, theirs), f"{src} to {dst}"
+
+    bf16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    subnormal = ((bf16 & 0x7F80) == 0) & ((bf16 & 0x7F) != 0)
+    same(bf16[~subnormal].reshape(-1, 2), tl.bfloat16, tl.float32)
+    same(bf16, tl.bfloat16, tl.float32)
+    same(np.array(0x3F80, dtype=np.uint16), tl.bfloat16, tl.float32)   # a scalar's 0-d array
+    edges = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
+             0x7F7FFFFF, 0x00800000, 0x0080FFFF, 0x3F808000, 0xBF7FFFFF]
+    bits = np.concatenate([np.array(edges, dtype=np.uint32),
+                           np.random.default_rng(0).integers(0, 1 << 32, size=1 << 20, dtype=np.uint32)])
+    subnormal = ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
+    same(bits[~subnormal].view(np.float32), tl.float32, tl.bfloat16)
+    same(bits[:4096].view(np.float32).reshape(64, 64), tl.float32, tl.bfloat16)
+    assert subnormal[:4096].any()
+    same(np.array(-1.5, dtype=np.float32), tl.float32, tl.bfloat16)
 
 
 def _bool_mask(method, position, what):
