@@ -3621,6 +3621,7 @@ def test_rms_inf_as_torch(row_block_max, monkeypatch):
 
 GUARD_BYTES = 4096   # each side of a guarded tensor: wider than any chunk at KERNEL_PATHS' lengths (128 fp32)
 GUARD_BYTE = 0xA5    # the guard's fill; an out-of-bounds store overwrites some of it
+EMPTY_OPS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}   # no values of their own
 
 
 class GuardedAllocations(FactoryOpMode):
@@ -3631,7 +3632,10 @@ class GuardedAllocations(FactoryOpMode):
     statistics or its scratch changes a guard, and `assert_intact` says which
     allocation's. Stores past a row's end into the next row are overwritten by
     the next row's program on the interpreter, which runs programs in order;
-    the last row's reach the guard."""
+    the last row's reach the guard. A floating-point tensor from an empty
+    op (EMPTY_OPS) holds NaN: an element that no kernel writes, or a read of
+    scratch that no kernel wrote, makes a result NaN, which `rel_error`
+    refuses."""
 
     def __init__(self):
         super().__init__()
@@ -3643,7 +3647,10 @@ class GuardedAllocations(FactoryOpMode):
         guarded = torch.empty(0, dtype=out.dtype, device=out.device)
         guarded.set_(storage.untyped_storage(), GUARD_BYTES // out.element_size() + out.storage_offset(),
                      out.shape, out.stride())
-        guarded.copy_(out)
+        if name in EMPTY_OPS and out.is_floating_point():
+            guarded.fill_(float("nan"))
+        else:
+            guarded.copy_(out)
         self.guarded.append((storage, nbytes, f"{name} {tuple(out.shape)} {out.dtype}"))
         return guarded
 
