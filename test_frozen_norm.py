@@ -117,6 +117,11 @@ def _np_dtype_once(tt_dtype):
     return np_dtype
 
 
+def _subnormal(bits):
+    """Which fp32 bit patterns (uint32) are subnormal: exponent 0, significand not."""
+    return ((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)
+
+
 def _shift_convert(data, src_dtype, dst_dtype, rounding_mode):
     """`_convert_float` in place of the interpreter's, for its casts between
     fp32 and bf16 without a rounding mode (a kernel's `.to()`). Its bit
@@ -126,15 +131,12 @@ def _shift_convert(data, src_dtype, dst_dtype, rounding_mode):
     nearest, as a GPU does). Arrays that hold a subnormal, other types and
     rounding modes go to the interpreter's own. `test_interpreter_casts`
     checks that the two agree bit for bit."""
-    if rounding_mode is None:
-        if src_dtype == tl.float32 and dst_dtype == tl.bfloat16:
-            bits = data.view(np.uint32)
-            if not np.any(((bits & 0x7F800000) == 0) & ((bits & 0x007FFFFF) != 0)):
-                return np.asarray((bits >> 16).astype(np.uint16))   # an array even of a 0-d one
-        elif src_dtype == tl.bfloat16 and dst_dtype == tl.float32:
-            bits = data.view(np.uint16)
-            if not np.any(((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)):
-                return np.asarray(bits.astype(np.uint32) << 16)
+    if rounding_mode is None and (src_dtype, dst_dtype) in ((tl.float32, tl.bfloat16), (tl.bfloat16, tl.float32)):
+        # fp32's bits either way (a bf16 value's in the top half): the subnormals show alike.
+        bits = data.view(np.uint32) if src_dtype == tl.float32 else data.view(np.uint16).astype(np.uint32) << 16
+        if not _subnormal(bits).any():
+            # np.asarray: a 0-d array stays one (numpy's shift of it is a scalar)
+            return np.asarray((bits >> 16).astype(np.uint16) if dst_dtype == tl.bfloat16 else bits)
     return _INTERPRETER_CONVERT(data, src_dtype, dst_dtype, rounding_mode)
 
 
@@ -170,7 +172,7 @@ def test_interpreter_casts():
         assert np.array_equal(ours, theirs), f"{src} to {dst}"
 
     bf16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    subnormal = ((bf16 & 0x7F80) == 0) & ((bf16 & 0x7F) != 0)
+    subnormal = _subnormal(bf16.astype(np.uint32) << 16)
     same(bf16[~subnormal].reshape(-1, 2), tl.bfloat16, tl.float32)
     same(bf16, tl.bfloat16, tl.float32)
     same(np.array(0x3F80, dtype=np.uint16), tl.bfloat16, tl.float32)   # a scalar's 0-d array
@@ -178,7 +180,7 @@ def test_interpreter_casts():
              0x7F7FFFFF, 0x00800000, 0x0080FFFF, 0x3F808000, 0xBF7FFFFF]
     bits = np.concatenate([np.array(edges, dtype=np.uint32),
                            np.random.default_rng(0).integers(0, 1 << 32, size=1 << 20, dtype=np.uint32)])
-    subnormal = ((bits & 0x7F800000) == 0) & ((bits & 0x7FFFFF) != 0)
+    subnormal = _subnormal(bits)
     same(bits[~subnormal].view(np.float32), tl.float32, tl.bfloat16)
     same(bits[:4096].view(np.float32).reshape(64, 64), tl.float32, tl.bfloat16)
     assert subnormal[:4096].any()
@@ -3664,9 +3666,9 @@ def _guarded_inputs(d):
     """x, the residual and the parameters of `d` between NaN guards of
     GUARD_BYTES: a load past a tensor that reached a result would make it
     NaN, which `rel_error` refuses."""
-    def guarded(t):
+    def guarded(t):   # `_laid_out` fills the guards with NaN
         pad = GUARD_BYTES // t.element_size()
-        return t.new_full((2 * pad + t.numel(),), float("nan"))[pad: pad + t.numel()].view(t.shape)
+        return t.new_empty(2 * pad + t.numel())[pad: pad + t.numel()].view(t.shape)
 
     for k, v in d.items():
         if isinstance(v, torch.Tensor):
